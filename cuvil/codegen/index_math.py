@@ -1,0 +1,80 @@
+"""Simplifying integer index expressions with known variable ranges.
+
+Folding a reshape into load indexing gives `(512*i0 + 64*i1 + i2) // 512` and `... % 512`;
+knowing `0 <= 64*i1 + i2 < 512` turns them into `i0` and `64*i1 + i2`, which keeps inner loops
+free of divisions (and vectorisable). `Bounds` maps expressions (loop variables and other
+sub-expressions) to their inclusive [lo, hi] ranges.
+"""
+from __future__ import annotations
+
+import sympy
+
+Bounds = dict
+
+
+def bounds(e, known: Bounds):
+    """Inclusive (lo, hi) of an integer expression, or None when unknown."""
+    e = sympy.sympify(e)
+    if e in known:
+        return known[e]
+    if e.is_Integer:
+        return e, e
+    if e.is_Add:
+        parts = [bounds(t, known) for t in e.args]
+        if any(p is None for p in parts):
+            return None
+        return sympy.Add(*(p[0] for p in parts)), sympy.Add(*(p[1] for p in parts))
+    if e.is_Mul:
+        coeff, rest = e.as_independent(*[s for s in e.free_symbols if s in _bounded_symbols(known)])
+        if rest == 1 or coeff.is_positive is not True and coeff.is_negative is not True:
+            return None
+        b = bounds(rest, known)
+        if b is None:
+            return None
+        lo, hi = coeff * b[0], coeff * b[1]
+        return (lo, hi) if coeff.is_positive else (hi, lo)
+    if isinstance(e, sympy.floor):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        b = bounds(num, known)
+        if b is None or den.is_positive is not True:
+            return None
+        return sympy.floor(b[0] / den), sympy.floor(b[1] / den)
+    if isinstance(e, sympy.Mod) and e.args[1].is_positive:
+        return sympy.Integer(0), e.args[1] - 1
+    return None
+
+
+def _bounded_symbols(known: Bounds) -> set:
+    return {k for k in known if isinstance(k, sympy.Symbol)}
+
+
+def _split(num, den):
+    """num = den * whole + rest, term by term (terms whose quotient is an integer go to `whole`)."""
+    whole, rest = [], []
+    for t in sympy.Add.make_args(sympy.expand(num)):
+        q = sympy.cancel(t / den)
+        (whole if q.is_integer else rest).append(q if q.is_integer else t)
+    return sympy.Add(*whole), sympy.Add(*rest)
+
+
+def _within(e, den, known: Bounds) -> bool:
+    """0 <= e < den for every value of the variables?"""
+    b = bounds(e, known)
+    return b is not None and sympy.sympify(b[0]).is_nonnegative is True and \
+        sympy.sympify(den - 1 - b[1]).is_nonnegative is True
+
+
+def floor_div(num, den, known: Bounds):
+    """num // den for a positive den, simplified where the ranges allow."""
+    whole, rest = _split(num, den)
+    if rest == 0 or _within(rest, den, known):
+        return whole
+    return whole + sympy.floor(rest / den)
+
+
+def modulo(num, den, known: Bounds):
+    """num % den for a positive den, simplified where the ranges allow."""
+    _, rest = _split(num, den)
+    if _within(rest, den, known):
+        return rest
+    return sympy.Mod(rest, den)

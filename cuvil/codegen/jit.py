@@ -1,0 +1,203 @@
+"""Compile kernels: one LLVM module per model, O3 for the target, object cache, ORC JIT.
+
+`compile_kernels(kernels)` returns a `CompiledKernels` holding each kernel's address (kernels
+with the same structure share one function: the symbol is a hash of the canonical kernel text),
+the time of each phase, and, on request, the kernel IR, optimised LLVM IR and assembly per kernel.
+The object is loaded into the process-wide ORC LLJIT as its own library, linked only against the
+BLAS GEMM and libc's memset/memcpy/memmove (which LLVM may emit for fill and copy loops); the code
+stays loaded as long as the `CompiledKernels` object lives.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import itertools
+import re
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import llvmlite.binding as llvm
+
+from ..errors import CuvilError
+from .cache import CacheEntry, ObjectCache, cache_key
+from .kernel_ir import Kernel, verify_kernel
+from .kernel_text import print_kernel
+from .llvm_emit import GEMM_SYMBOL, ModuleBuilder
+from .target import Target
+
+_llvm_lock = threading.RLock()     # LLVM's global state (targets, the LLJIT) is not thread-safe
+_jit = None
+_library_ids = itertools.count()
+LIBC_SYMBOLS = ("memset", "memcpy", "memmove")
+
+
+def kernel_symbol(canonical_text: str) -> str:
+    return "cuvil_k_" + hashlib.sha256(canonical_text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class CompiledKernels:
+    """The compiled kernels of one model."""
+    kernels: dict[str, Kernel]
+    symbols: dict[str, str]                 # kernel name -> LLVM symbol (shared by identical kernels)
+    target: Target
+    key: str
+    cache_hit: bool
+    timings: dict[str, float]               # phase -> seconds
+    llvm_ir_text: str                       # the optimised module
+    addresses: dict[str, int] = field(default_factory=dict)   # kernel name -> address (host only)
+    object_code: bytes = b""
+    _tracker: object = None
+    _asm_text: str | None = None
+
+    def address(self, kernel_name: str) -> int:
+        try:
+            return self.addresses[kernel_name]
+        except KeyError:
+            raise CuvilError(f"no compiled kernel named '{kernel_name}'") from None
+
+    @property
+    def unique_functions(self) -> int:
+        return len(set(self.symbols.values()))
+
+    def kernel_ir(self, name: str) -> str:
+        return print_kernel(self.kernels[name])
+
+    def llvm_ir(self, name: str) -> str:
+        """The optimised LLVM IR of the kernel's entry function (the body is inlined into it)."""
+        return _function_text(self.llvm_ir_text, self.symbols[name])
+
+    def asm(self, name: str) -> str:
+        if self._asm_text is None:
+            with _llvm_lock:
+                mod = llvm.parse_assembly(self.llvm_ir_text)
+                self._asm_text = self.target.target_machine().emit_assembly(mod)
+        return _asm_function(self._asm_text, self.symbols[name])
+
+
+def _function_text(module_ir: str, symbol: str) -> str:
+    m = re.search(rf'^define [^\n]*@"?{re.escape(symbol)}"?\(.*?^}}$', module_ir, re.M | re.S)
+    if m is None:
+        raise CuvilError(f"function {symbol} is not in the module")
+    return m.group(0) + "\n"
+
+
+def _asm_function(asm: str, symbol: str) -> str:
+    m = re.search(rf'^"?{re.escape(symbol)}"?:.*?^\.Lfunc_end\d+:', asm, re.M | re.S)
+    if m is None:
+        raise CuvilError(f"function {symbol} is not in the assembly")
+    return m.group(0) + "\n"
+
+
+def build_module(kernels, symbols: dict[str, str], target: Target) -> llvm.ModuleRef:
+    """Kernel IR -> one verified LLVM module (each distinct structure emitted once)."""
+    mb = ModuleBuilder()
+    done = set()
+    for k in kernels:
+        sym = symbols[k.name]
+        if sym not in done:
+            mb.add_kernel(k, sym)
+            done.add(sym)
+    mb.module.triple = target.triple
+    mod = llvm.parse_assembly(str(mb.module))
+    mod.verify()
+    return mod
+
+
+def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, opt_level: int = 3) -> None:
+    """LLVM's standard per-module pipeline (new pass manager) with loop and SLP vectorisation."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+    pto.loop_vectorization = opt_level >= 2
+    pto.slp_vectorization = opt_level >= 2
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+
+
+def _lljit():
+    global _jit
+    if _jit is None:
+        _jit = llvm.create_lljit_compiler(Target.host().target_machine(jit=True))
+    return _jit
+
+
+def _link_symbols(obj_ir: str) -> dict[str, int]:
+    libc = ctypes.CDLL(None)
+    out = {name: ctypes.cast(getattr(libc, name), ctypes.c_void_p).value for name in LIBC_SYMBOLS}
+    if GEMM_SYMBOL in obj_ir:
+        from ..runtime import blas
+        out[GEMM_SYMBOL] = blas.address(GEMM_SYMBOL)
+    return out
+
+
+def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | None = None,
+                    opt_level: int = 3, timings: dict[str, float] | None = None) -> CompiledKernels:
+    """Compile kernels into one object and (for the host target) load it.
+
+    `cache=None` compiles without the disk cache. `timings` may already hold earlier phases
+    (e.g. lowering); the phases of this call are added to it."""
+    kernels = list(kernels)
+    names = [k.name for k in kernels]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise CuvilError(f"two kernels are named '{dup}'")
+    for k in kernels:
+        verify_kernel(k)
+    target = target or Target.host()
+    timings = dict(timings or {})
+    canonical = {k.name: print_kernel(k, canonical=True) for k in kernels}
+    symbols = {name: kernel_symbol(text) for name, text in canonical.items()}
+    key = cache_key(set(canonical.values()), target, opt_level)
+
+    t = time.perf_counter()
+    entry = cache.load(key) if cache is not None else None
+    hit = entry is not None
+    timings["cache_lookup"] = time.perf_counter() - t
+    with _llvm_lock:
+        if not hit:
+            entry = _compile_object(kernels, symbols, target, opt_level, timings)
+            if cache is not None:
+                try:
+                    cache.store(key, entry)
+                except OSError as e:
+                    warnings.warn(f"cuvil: could not write the object cache at {cache.root}: {e}")
+        result = CompiledKernels({k.name: k for k in kernels}, symbols, target, key, hit, timings, entry.llvm_ir,
+                                 object_code=entry.obj)
+        if target.is_host:
+            t = time.perf_counter()
+            _load(result)
+            timings["load"] = time.perf_counter() - t
+    return result
+
+
+def _compile_object(kernels, symbols, target: Target, opt_level: int, timings: dict) -> CacheEntry:
+    t = time.perf_counter()
+    tm = target.target_machine(opt=opt_level)
+    mod = build_module(kernels, symbols, target)
+    mod.data_layout = str(tm.target_data)
+    timings["llvm_ir"] = time.perf_counter() - t
+    t = time.perf_counter()
+    optimize(mod, tm, opt_level)
+    timings["optimize"] = time.perf_counter() - t
+    llvm_ir = str(mod)
+    t = time.perf_counter()
+    obj = tm.emit_object(mod)
+    timings["codegen"] = time.perf_counter() - t
+    return CacheEntry(obj, llvm_ir)
+
+
+def _load(result: CompiledKernels) -> None:
+    builder = llvm.JITLibraryBuilder().add_object_img(result.object_code)
+    for name, addr in _link_symbols(result.llvm_ir_text).items():
+        builder.import_symbol(name, addr)
+    unique = sorted(set(result.symbols.values()))
+    for sym in unique:
+        builder.export_symbol(sym)
+    try:
+        tracker = builder.link(_lljit(), f"cuvil_lib_{next(_library_ids)}")
+    except RuntimeError as e:
+        raise CuvilError(f"the JIT could not link the compiled kernels: {e}") from None
+    addr = {sym: tracker[sym] for sym in unique}
+    result._tracker = tracker
+    result.addresses = {name: addr[sym] for name, sym in result.symbols.items()}

@@ -1,0 +1,394 @@
+"""Lowerings of the opaque graph ops: GEMM-based (matmul, linear, conv2d via im2col) and window
+ops (pooling, direct convolution).
+
+- Window ops are computed per output element (`WINDOW_OPS[name](lowering, op, idx) -> Expr`): a
+  small `Reduce` over the window with masked loads for the padding. They sit in the ordinary loop
+  nest, so elementwise prologues and epilogues fuse with them.
+- GEMM-based ops (`LIBRARY[name](lowering, op)`) write their raw product into a buffer with
+  `scipy_cblas_sgemm` inside a parallel loop over tiles (batch entries, row blocks of the output,
+  images and groups), and then run the group's epilogue (bias, activation) over the block each
+  tile produced, while it is still in cache.
+
+Convolution picks its algorithm per shape (`conv_algorithm`): a direct kernel when the reduction
+per output element is small (depthwise, or in_channels/groups * kh * kw <= 16), a plain GEMM for
+1x1 stride-1 unpadded convolutions, im2col + GEMM otherwise.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from ..errors import CuvilUnsupportedOpError
+from ..ir.core import Operation
+from ..ir.ops.common import pair
+from ..ir.types import DType, norm_dim
+from .index_math import bounds, floor_div, modulo
+from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
+from .scalar_ops import call, cast, const
+
+ROW_TILE = 64           # output rows per parallel GEMM tile (linear, folded matmul)
+CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
+DIRECT_CONV_MAX_REDUCTION = 16
+
+
+# ----------------------------------------------------------------------------- window helpers
+
+def _window_attrs(op: Operation):
+    a = op.attrs
+    kernel = pair(a["kernel"], "kernel")
+    stride = pair(a["stride"], "stride") if a["stride"] else kernel
+    dilation = pair(a["dilation"], "dilation") if "dilation" in a else (1, 1)
+    return kernel, stride, pair(a["padding"], "padding"), dilation
+
+
+def _inside(lw, pos, size):
+    """A mask that `0 <= pos < size`, or None when the index ranges prove it."""
+    b = bounds(pos, lw.known)
+    if b is not None and sympy.sympify(b[0]).is_nonnegative is True and \
+            sympy.sympify(size - 1 - b[1]).is_nonnegative is True:
+        return None
+    return call("and", call("ge", Index(pos), const(0, DType.i64)), call("lt", Index(pos), Index(size)))
+
+
+def _and(*masks):
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = call("and", out, m)
+    return out
+
+
+def _masked_value(lw, v, idx, mask, other):
+    """`v[idx]` where `mask` holds, `other` elsewhere; loads under the mask never leave the buffer."""
+    if mask is None:
+        return cast(lw.value(v, idx), other.dtype)
+    saved = lw.mask
+    lw.mask = mask if saved is None else call("and", saved, mask)
+    x = cast(lw.value(v, idx), other.dtype)
+    combined, lw.mask = lw.mask, saved
+    if isinstance(x, Load) and x.mask == combined:   # a plain masked load: give it `other` directly
+        return Load(x.buf, x.index, x.mask, other)
+    return call("select", mask, x, other)
+
+
+def _window_positions(lw, op, idx, rvars, kernel, stride, padding, dilation):
+    x = op.operands[0]
+    H, W = x.type.shape[-2:]
+    oh, ow = idx[-2:]
+    kh, kw = rvars
+    ih = oh * stride[0] - padding[0] + kh * dilation[0]
+    iw = ow * stride[1] - padding[1] + kw * dilation[1]
+    return ih, iw, _and(_inside(lw, ih, H), _inside(lw, iw, W))
+
+
+# ----------------------------------------------------------------------------- pooling
+
+def max_pool2d(lw, op, idx):
+    kernel, stride, padding, dilation = _window_attrs(op)
+    x = op.operands[0]
+    dtype = compute_dtype(x.type.dtype)
+    low = Const(-math.inf, dtype) if dtype.is_float else const(-(1 << 31), dtype)
+
+    def value(rv):
+        ih, iw, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, dilation)
+        return _masked_value(lw, x, list(idx[:-2]) + [ih, iw], mask, low)
+    return lw.reduce("max", [("kh", 0, kernel[0]), ("kw", 0, kernel[1])], value, dtype, "pool")
+
+
+def avg_pool2d(lw, op, idx):
+    kernel, stride, padding, _ = _window_attrs(op)
+    x = op.operands[0]
+    dtype = compute_dtype(x.type.dtype)
+    H, W = x.type.shape[-2:]
+
+    def value(rv):
+        ih, iw, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, (1, 1))
+        return _masked_value(lw, x, list(idx[:-2]) + [ih, iw], mask, const(0.0, dtype))
+    total = lw.reduce("sum", [("kh", 0, kernel[0]), ("kw", 0, kernel[1])], value, dtype, "pool")
+    if op.attrs["divisor"] is not None:
+        return call("div", total, const(op.attrs["divisor"], dtype))
+    counts = []
+    for o, k, s, p, size in zip(idx[-2:], kernel, stride, padding, (H, W)):
+        start = sympy.sympify(o) * s - p
+        end = sympy.Min(start + k, size + p)
+        if not op.attrs["count_include_pad"]:
+            start, end = sympy.Max(start, 0), sympy.Min(end, size)
+        counts.append(end - start)
+    return call("div", total, cast(Index(counts[0] * counts[1]), dtype))
+
+
+def adaptive_avg_pool2d(lw, op, idx):
+    x = op.operands[0]
+    dtype = compute_dtype(x.type.dtype)
+    ranges = []
+    for name, o, size, out in zip(("kh", "kw"), idx[-2:], x.type.shape[-2:], op.results[0].type.shape[-2:]):
+        start = sympy.floor(sympy.sympify(o) * size / out)
+        end = sympy.ceiling((sympy.sympify(o) + 1) * size / out)
+        ranges.append((name, start, end - start))
+    total = lw.reduce("sum", ranges, lambda rv: lw.value(x, list(idx[:-2]) + list(rv)), dtype, "pool")
+    return call("div", total, cast(Index(ranges[0][2] * ranges[1][2]), dtype))
+
+
+# ----------------------------------------------------------------------------- convolution
+
+def _conv_attrs(op: Operation):
+    a = op.attrs
+    return (pair(a["stride"], "stride"), pair(a["padding"], "padding"), pair(a["dilation"], "dilation"),
+            a["groups"])
+
+
+def conv_algorithm(op: Operation) -> str:
+    """direct, gemm (1x1) or im2col: see the module docstring."""
+    stride, padding, dilation, groups = _conv_attrs(op)
+    out_ch, cin_g, kh, kw = op.operands[1].type.shape
+    if cin_g == 1 or cin_g * kh * kw <= DIRECT_CONV_MAX_REDUCTION:
+        return "direct"
+    if (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1:
+        return "gemm"
+    return "im2col"
+
+
+def conv2d_direct(lw, op, idx):
+    stride, padding, dilation, groups = _conv_attrs(op)
+    x, w = op.operands[:2]
+    out_ch, cin_g, KH, KW = w.type.shape
+    dtype = compute_dtype(x.type.dtype)
+    n, oc, oh, ow = idx
+    group = floor_div(oc, out_ch // groups, lw.known)
+    ranges = ([("c", 0, cin_g)] if cin_g > 1 else []) + [("kh", 0, KH), ("kw", 0, KW)]
+
+    def value(rv):
+        c = rv[0] if cin_g > 1 else 0
+        kh, kw = rv[-2:]
+        ih = oh * stride[0] - padding[0] + kh * dilation[0]
+        iw = ow * stride[1] - padding[1] + kw * dilation[1]
+        mask = _and(_inside(lw, ih, x.type.shape[2]), _inside(lw, iw, x.type.shape[3]))
+        xv = _masked_value(lw, x, [n, group * cin_g + c, ih, iw], mask, const(0.0, dtype))
+        return call("mul", cast(lw.value(w, [oc, c, kh, kw]), dtype), xv)
+    acc = lw.reduce("sum", ranges, value, dtype, "conv")
+    if len(op.operands) > 2:
+        return call("add", acc, cast(lw.value(op.operands[2], [oc]), dtype))
+    return acc
+
+
+# ----------------------------------------------------------------------------- GEMM-based ops
+
+def _raw_buffer(lw, op):
+    """The buffer that receives the op's raw product: its own output, the group's single output
+    (the epilogue then runs in place), or scratch."""
+    r = op.result
+    if id(r) in lw.outputs:
+        return lw.outputs[id(r)][1]
+    outs = list(lw.outputs.values())
+    if len(outs) == 1 and outs[0][1].dtype == DType.f32 and outs[0][0].type.rank == r.type.rank:
+        return outs[0][1]
+    return lw.scratch(DType.f32, r.type.shape)
+
+
+def _require_f32(op):
+    for v in op.operands:
+        if v.type.dtype != DType.f32:
+            raise CuvilUnsupportedOpError(op.name, detail=f"the native GEMM path is f32 only, got {v.type}")
+
+
+def _materialize(lw, op, T, bias_dim: int | None):
+    bias = op.operands[2] if len(op.operands) > 2 else None
+
+    def value(idx):
+        e = Load(T, idx)
+        if bias is not None:
+            e = call("add", e, cast(lw.value(bias, [idx[bias_dim]]), DType.f32))
+        return e
+    lw.materialized[id(op.result)] = value
+
+
+def _epilogue(lw, region):
+    """Store the group's outputs over `region`: one (start, extent) per output dim."""
+    def nest(level, idx):
+        if level == len(region):
+            lw.store_outputs(idx)
+            return
+        start, extent = region[level]
+        if extent == 1:
+            nest(level + 1, idx + [start])
+        else:
+            lw.loop(f"e{level}", extent, lambda v: nest(level + 1, idx + [sympy.sympify(start) + v]))
+    nest(0, [])
+
+
+def _decompose(lw, flat, shape):
+    """Indices into `shape` of a flat row-major position."""
+    out, stride = [], sympy.Integer(1)
+    for d in shape:
+        stride = stride * d
+    for d in shape:
+        stride = stride / d
+        out.append(modulo(floor_div(flat, stride, lw.known), d, lw.known))
+    return out
+
+
+def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True):
+    """C[rows, n] = A[rows, k] @ op(B) in parallel tiles of rows; each tile then runs the epilogue
+    over its rows (`row_shape`: the output dims the flat row index spans)."""
+    tiles = norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE))
+
+    def tile(t):
+        count = sympy.Min(ROW_TILE, rows - ROW_TILE * t) if tiles != 1 else rows
+        first = ROW_TILE * t
+        lw.emit(Gemm(BufRef(T, first * n), BufRef(A, first * k), BufRef(B, 0), count, n, k, k, ldb, n,
+                     trans_b=trans_b))
+
+        def row(r):
+            idx = _decompose(lw, first + r, row_shape)
+            if has_cols:
+                lw.loop("e1", n, lambda j: lw.store_outputs(idx + [j]))
+            else:
+                lw.store_outputs(idx)
+        lw.loop("e0", count, row)
+    lw.loop("p", tiles, tile, parallel=True)
+
+
+def linear(lw, op):
+    _require_f32(op)
+    x, w = op.operands[:2]
+    T = _raw_buffer(lw, op)
+    _materialize(lw, op, T, -1)
+    out_f, in_f = w.type.shape
+    row_shape = list(x.type.shape[:-1])
+    rows = norm_dim(sympy.Mul(*row_shape))
+    _row_tiles(lw, T, rows, out_f, lw.inputs[id(x)], lw.inputs[id(w)], in_f, in_f, True, row_shape)
+
+
+def matmul(lw, op):
+    _require_f32(op)
+    a, b = op.operands
+    T = _raw_buffer(lw, op)
+    _materialize(lw, op, T, None)
+    a_shape = a.type.shape if a.type.rank > 1 else (1,) + a.type.shape
+    b_shape = b.type.shape if b.type.rank > 1 else b.type.shape + (1,)
+    M, K = a_shape[-2:]
+    N = b_shape[-1]
+    A, B = lw.inputs[id(a)], lw.inputs[id(b)]
+    out_shape = op.result.type.shape
+    if len(b_shape) == 2:   # one right-hand matrix: fold a's batch dims into its rows
+        row_shape = list(out_shape[:-1]) if b.type.rank > 1 else list(out_shape)
+        rows = norm_dim(sympy.Mul(*a_shape[:-1]))
+        _row_tiles(lw, T, rows, N, A, B, K, N, False, row_shape, has_cols=b.type.rank > 1)
+        return
+    batch = out_shape[:len(out_shape) - (a.type.rank > 1) - (b.type.rank > 1)]
+    total = norm_dim(sympy.Mul(*batch)) if batch else 1
+
+    def offset(shape, q_idx, matrix):
+        """Element offset of a batch entry in an operand whose batch dims broadcast."""
+        own = shape[:-2]
+        lead = len(batch) - len(own)
+        off, stride = sympy.Integer(0), sympy.sympify(matrix)
+        for k in reversed(range(len(own))):
+            if not (isinstance(own[k], int) and own[k] == 1):
+                off = off + q_idx[lead + k] * stride
+            stride = stride * own[k]
+        return off
+
+    def entry(q):
+        q_idx = _decompose(lw, q, batch)
+        lw.emit(Gemm(BufRef(T, q * M * N), BufRef(A, offset(a_shape, q_idx, M * K)),
+                     BufRef(B, offset(b_shape, q_idx, K * N)), M, N, K, K, N, N))
+        region = [(i, 1) for i in q_idx]
+        if a.type.rank > 1:
+            region.append((0, M))
+        if b.type.rank > 1:
+            region.append((0, N))
+        _epilogue(lw, region)
+    lw.loop("p", total, entry, parallel=True)
+
+
+def conv2d_gemm(lw, op):
+    """1x1 stride-1 convolution: per image, out[OC, HW] = W[OC, C] @ x[C, HW], in row tiles."""
+    _require_f32(op)
+    x, w = op.operands[:2]
+    T = _raw_buffer(lw, op)
+    _materialize(lw, op, T, 1)
+    N, C, H, W = x.type.shape
+    OC = w.type.shape[0]
+    _conv_tiles(lw, op, T, N, 1, H, W, lambda q, n, g, first, count: lw.emit(Gemm(
+        BufRef(T, (n * OC) * H * W + first * W), BufRef(lw.inputs[id(w)], 0),
+        BufRef(lw.inputs[id(x)], n * C * H * W + first * W), OC, count * W, C, C, H * W, H * W)))
+
+
+def conv2d_im2col(lw, op):
+    """Per image, group and tile of output rows: gather the input windows into columns
+    col[c*kh*kw, positions] (scratch), then one GEMM with the group's weights."""
+    _require_f32(op)
+    stride, padding, dilation, groups = _conv_attrs(op)
+    x, w = op.operands[:2]
+    T = _raw_buffer(lw, op)
+    _materialize(lw, op, T, 1)
+    N, C, H, W = x.type.shape
+    OC, cin_g, KH, KW = w.type.shape
+    OH, OW = op.result.type.shape[2:]
+    oc_g, K = OC // groups, cin_g * KH * KW
+    tile_rows = _tile_rows(OH, OW)
+    tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
+    col = lw.scratch(DType.f32, [norm_dim(N * groups * tiles), K, tile_rows * OW])
+
+    def body(q, n, g, first, count):
+        def fill(c, kh, kw):
+            def row(rr):
+                def pos(ow):
+                    ih = (first + rr) * stride[0] - padding[0] + kh * dilation[0]
+                    iw = ow * stride[1] - padding[1] + kw * dilation[1]
+                    mask = _and(_inside(lw, ih, H), _inside(lw, iw, W))
+                    v = _masked_value(lw, x, [n, g * cin_g + c, ih, iw], mask, const(0.0, DType.f32))
+                    lw.emit(Store(col, [q, (c * KH + kh) * KW + kw, rr * OW + ow], v))
+                lw.loop("ow", OW, pos)
+            lw.loop("rr", count, row)
+        lw.loop("c", cin_g, lambda c: lw.loop("kh", KH, lambda kh: lw.loop("kw", KW, lambda kw: fill(c, kh, kw))))
+        lw.emit(Gemm(BufRef(T, (n * OC + g * oc_g) * OH * OW + first * OW), BufRef(lw.inputs[id(w)], g * oc_g * K),
+                     BufRef(col, q * K * tile_rows * OW), oc_g, count * OW, K, K, tile_rows * OW, OH * OW))
+    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows)
+
+
+def _tile_rows(OH, OW) -> int:
+    if not isinstance(OW, int):
+        return 1
+    return max(1, CONV_TILE_POSITIONS // OW)
+
+
+def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None):
+    """Parallel loop over (image, group, tile of output rows); `body(q, n, g, first_row, rows)`
+    emits the tile's computation, then the epilogue covers its block of the output."""
+    tile_rows = tile_rows or _tile_rows(OH, OW)
+    tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
+    OC = op.result.type.shape[1]
+    oc_g = OC // groups
+
+    def tile(q):
+        n, g, t = _decompose(lw, q, [N, groups, tiles])
+        first = tile_rows * t
+        count = sympy.Min(tile_rows, OH - first) if tiles != 1 else OH
+        body(q, n, g, first, count)
+        _epilogue(lw, [(n, 1), (g * oc_g, oc_g), (first, count), (0, OW)])
+    lw.loop("p", norm_dim(N * groups * tiles), tile, parallel=True)
+
+
+def conv2d(lw, op):
+    return {"gemm": conv2d_gemm, "im2col": conv2d_im2col}[conv_algorithm(op)](lw, op)
+
+
+WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
+              "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.conv2d": conv2d_direct}
+LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d}
+
+
+def classify(op: Operation) -> str | None:
+    """window, library, or None for ops this module does not lower."""
+    if op.name == "cuvil.conv2d":
+        return "window" if conv_algorithm(op) == "direct" else "library"
+    if op.name in WINDOW_OPS:
+        return "window"
+    if op.name in LIBRARY:
+        return "library"
+    return None

@@ -1,0 +1,500 @@
+"""Kernel IR -> LLVM IR (llvmlite.ir). All kernels of a model go into one module.
+
+Each kernel becomes two functions:
+
+- `void @<symbol>(ptr %bufs, ptr %dims)`: the exported ABI entry. It loads the buffer pointers and
+  dims and calls
+- `internal void @<symbol>.body(ptr noalias %b0, ..., i64 %begin, i64 %end, i64 %s0, ...)`: the code.
+  `noalias` tells LLVM the buffers do not overlap (the vectoriser needs it); after inlining into
+  the entry it becomes alias-scope metadata.
+
+Loop variables are phis; reduction accumulators are allocas that LLVM promotes to phis. Float
+arithmetic is plain IEEE except the combine step of reductions, which carries `reassoc contract`
+so LLVM may vectorise and reorder the sum (Cuvil's reductions are compared against an fp64
+reference, not bit-for-bit against eager). Scalar functions come from two tables, `FLOAT_OPS` and
+`INT_OPS` (one small emitter per function); exp/log/tanh/erf/sigmoid/sin/cos/pow are Cuvil's own
+branch-free implementations in `mathlib`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import sympy
+from llvmlite import ir
+
+from ..ir.types import DType
+from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, Var,
+                        loop_var)
+from .mathlib import F32, I1, I64, MathLib, intrinsic
+
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+PTR = ir.PointerType()
+
+VALUE_TYPES = {DType.f32: F32, DType.f16: ir.HalfType(), DType.bf16: I16, DType.i64: I64, DType.i32: I32,
+               DType.i8: I8, DType.bool: I1}
+MEMORY_TYPES = {**VALUE_TYPES, DType.bool: I8}
+
+GEMM_SYMBOL = "scipy_cblas_sgemm"
+CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
+REDUCE_FLAGS = ("reassoc", "contract")
+
+
+class ModuleBuilder:
+    """Collects kernels into one llvmlite module."""
+
+    def __init__(self, name: str = "cuvil"):
+        self.module = ir.Module(name)
+        self.math = MathLib(self.module)
+
+    def add_kernel(self, kernel: Kernel, symbol: str | None = None) -> str:
+        symbol = symbol or kernel.name
+        KernelEmitter(self, kernel, symbol).emit()
+        return symbol
+
+    def gemm_function(self) -> ir.Function:
+        fn = self.module.globals.get(GEMM_SYMBOL)
+        if fn is None:
+            fnty = ir.FunctionType(ir.VoidType(), [I32] * 6 + [F32, PTR, I32, PTR, I32, F32, PTR, I32])
+            fn = ir.Function(self.module, fnty, name=GEMM_SYMBOL)
+        return fn
+
+
+class KernelEmitter:
+    def __init__(self, mb: ModuleBuilder, kernel: Kernel, symbol: str):
+        self.mb, self.kernel, self.symbol = mb, kernel, symbol
+        self.scalars: dict[str, ir.Value] = {}
+        self.indices: dict[sympy.Symbol, ir.Value] = {}
+        self.bufs: dict[str, ir.Value] = {}
+
+    # -- functions
+    def emit(self) -> None:
+        k = self.kernel
+        args = [PTR] * len(k.buffers) + [I64] * self.n_dims
+        body = ir.Function(self.mb.module, ir.FunctionType(ir.VoidType(), args), name=self.symbol + ".body")
+        body.linkage = "internal"
+        body.attributes.add("nounwind")
+        for a, buf in zip(body.args, k.buffers):
+            a.add_attribute("noalias")
+            a.name = "b_" + _llvm_name(buf.name)
+            self.bufs[buf.name] = a
+        dims = body.args[len(k.buffers):]
+        if k.parallel_loop is not None:
+            self.begin, self.end, *dims = dims
+            self.begin.name, self.end.name = "begin", "end"
+        for a, name in zip(dims, k.symbols):
+            a.name = _llvm_name(name)
+            self.indices[sympy.Symbol(name, integer=True, positive=True)] = a
+        self.fn = body
+        self.entry = body.append_basic_block("entry")
+        start = body.append_basic_block("start")
+        self.b = ir.IRBuilder(start)
+        self.block(k.body)
+        self.b.ret_void()
+        ir.IRBuilder(self.entry).branch(start)   # allocas go into `entry`, before this branch
+        self._entry_point(body)
+
+    def _entry_point(self, body: ir.Function) -> None:
+        k = self.kernel
+        fn = ir.Function(self.mb.module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name=self.symbol)
+        fn.attributes.add("nounwind")
+        bufs, dims = fn.args
+        bufs.name, dims.name = "bufs", "dims"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        args = [b.load(b.gep(bufs, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR), typ=PTR, align=8)
+                for i in range(len(k.buffers))]
+        args += [b.load(b.gep(dims, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), typ=I64, align=8)
+                 for i in range(self.n_dims)]
+        b.call(body, args)
+        b.ret_void()
+
+    @property
+    def n_dims(self) -> int:
+        """Entries of `dims` the kernel reads: begin and end when splittable, then the dim values."""
+        k = self.kernel
+        return (2 if k.parallel_loop is not None else 0) + len(k.dim_exprs)
+
+    # -- statements
+    def block(self, stmts) -> None:
+        for s in stmts:
+            STATEMENTS[type(s)](self, s)
+
+    def let(self, s: Let) -> None:
+        self.scalars[s.var.name] = self.expr(s.value)
+
+    def store(self, s: Store) -> None:
+        value = self.expr(s.value)
+        if s.buf.dtype == DType.bool:
+            value = self.b.zext(value, I8)
+        self.b.store(value, self.address(s.buf, s.index), align=s.buf.dtype.itemsize)
+
+    def loop(self, s: Loop) -> None:
+        start = self.index(s.start)
+        if s.parallel:   # the runtime gives this call the sub-range [begin, end) of 0..extent
+            lo, hi = self.b.add(start, self.begin, flags=["nsw"]), self.b.add(start, self.end, flags=["nsw"])
+        else:
+            lo, hi = start, self.b.add(start, self.index(s.extent), flags=["nsw"])
+        self.counted_loop(s.var, lo, hi, lambda: self.block(s.body))
+
+    def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> None:
+        b = self.b
+        pre = b.block
+        header = self.fn.append_basic_block(f"{var}.header")
+        inner = self.fn.append_basic_block(f"{var}.body")
+        exit_ = self.fn.append_basic_block(f"{var}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=var)
+        i.add_incoming(lo, pre)
+        b.cbranch(b.icmp_signed("<", i, hi), inner, exit_)
+        b.position_at_end(inner)
+        self.indices[loop_var(var)] = i
+        body()
+        nxt = b.add(i, ir.Constant(I64, 1), flags=["nsw"])
+        i.add_incoming(nxt, b.block)
+        b.branch(header)
+        b.position_at_end(exit_)
+
+    def reduce(self, s: Reduce) -> None:
+        ty = VALUE_TYPES[s.var.dtype]
+        acc = ir.IRBuilder(self.entry).alloca(ty, name=s.var.name + ".acc")
+        self.b.store(self.expr(s.init), acc)
+        combine = REDUCERS[(s.kind, s.var.dtype.is_float)]
+
+        def nest(level: int) -> None:
+            if level == len(s.loops):
+                self.block(s.body)
+                value = self.expr(s.value)
+                self.b.store(combine(self, self.b.load(acc, typ=ty), value), acc)
+                return
+            r = s.loops[level]
+            lo = self.index(r.start)
+            hi = self.b.add(lo, self.index(r.extent), flags=["nsw"])
+            self.counted_loop(r.var, lo, hi, lambda: nest(level + 1))
+        nest(0)
+        self.scalars[s.var.name] = self.b.load(acc, typ=ty, name=s.var.name)
+
+    def gemm(self, s: Gemm) -> None:
+        b = self.b
+
+        def i32(e):
+            return b.trunc(self.index(e), I32)
+
+        def ptr(ref):
+            return b.gep(self.bufs[ref.buf.name], [self.index(ref.offset)], inbounds=True, source_etype=F32)
+        trans = {False: ir.Constant(I32, CBLAS_NO_TRANS), True: ir.Constant(I32, CBLAS_TRANS)}
+        b.call(self.mb.gemm_function(), [
+            ir.Constant(I32, CBLAS_ROW_MAJOR), trans[s.trans_a], trans[s.trans_b], i32(s.m), i32(s.n), i32(s.k),
+            ir.Constant(F32, s.alpha), ptr(s.a), i32(s.lda), ptr(s.b), i32(s.ldb), ir.Constant(F32, s.beta),
+            ptr(s.c), i32(s.ldc)])
+
+    # -- memory
+    def address(self, buf: Buffer, index) -> ir.Value:
+        return self.b.gep(self.bufs[buf.name], [self.index(buf.offset(index))], inbounds=True,
+                          source_etype=MEMORY_TYPES[buf.dtype])
+
+    def load(self, e: Load) -> ir.Value:
+        if e.mask is None:
+            return self._plain_load(e)
+        b = self.b
+        other = self.expr(e.other)
+        cond = self.expr(e.mask)
+        before = b.block
+        then = self.fn.append_basic_block("masked.load")
+        merge = self.fn.append_basic_block("masked.merge")
+        b.cbranch(cond, then, merge)
+        b.position_at_end(then)
+        value = self._plain_load(e)
+        then_end = b.block
+        b.branch(merge)
+        b.position_at_end(merge)
+        phi = b.phi(value.type)
+        phi.add_incoming(value, then_end)
+        phi.add_incoming(other, before)
+        return phi
+
+    def _plain_load(self, e: Load) -> ir.Value:
+        v = self.b.load(self.address(e.buf, e.index), typ=MEMORY_TYPES[e.buf.dtype], align=e.buf.dtype.itemsize)
+        if e.buf.dtype == DType.bool:
+            v = self.b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        return v
+
+    # -- index expressions
+    def index(self, e) -> ir.Value:
+        b = self.b
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return ir.Constant(I64, int(e))
+        if e.is_Symbol:
+            try:
+                return self.indices[e]
+            except KeyError:
+                raise ValueError(f"kernel {self.kernel.name}: index name '{e}' is not in scope") from None
+        if e.is_Add:
+            terms = [self.index(t) for t in e.args]
+            out = terms[0]
+            for t in terms[1:]:
+                out = b.add(out, t, flags=["nsw"])
+            return out
+        if e.is_Mul:
+            factors = [self.index(f) for f in e.args]
+            out = factors[0]
+            for f in factors[1:]:
+                out = b.mul(out, f, flags=["nsw"])
+            return out
+        if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+            return self.index(sympy.Mul(*([e.base] * int(e.exp)), evaluate=False))
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            if isinstance(e, sympy.ceiling):
+                return b.neg(self.floordiv(-num, den))
+            return self.floordiv(num, den)
+        if isinstance(e, sympy.Mod):
+            num, den = e.args
+            r = b.srem(self.index(num), self.index(den))
+            if num.is_nonnegative:
+                return r
+            return b.select(b.icmp_signed("<", r, ir.Constant(I64, 0)), b.add(r, self.index(den)), r)
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            op = "<" if isinstance(e, sympy.Min) else ">"
+            vals = [self.index(a) for a in e.args]
+            out = vals[0]
+            for v in vals[1:]:
+                out = b.select(b.icmp_signed(op, out, v), out, v)
+            return out
+        raise ValueError(f"kernel {self.kernel.name}: cannot emit index expression {e}")
+
+    def floordiv(self, num, den) -> ir.Value:
+        """Floor division by a positive divisor (dims and constants are positive)."""
+        b = self.b
+        q = b.sdiv(self.index(num), self.index(den))
+        if num.is_nonnegative:
+            return q
+        r = b.srem(self.index(num), self.index(den))
+        return b.sub(q, b.zext(b.icmp_signed("<", r, ir.Constant(I64, 0)), I64))
+
+    # -- scalar expressions
+    def expr(self, e: Expr) -> ir.Value:
+        return EXPRESSIONS[type(e)](self, e)
+
+    def const(self, e: Const) -> ir.Value:
+        if e.dtype == DType.bf16:
+            return ir.Constant(I16, _bf16_bits(e.value))
+        return ir.Constant(VALUE_TYPES[e.dtype], e.value)
+
+    def var(self, e: Var) -> ir.Value:
+        try:
+            return self.scalars[e.name]
+        except KeyError:
+            raise ValueError(f"kernel {self.kernel.name}: %{e.name} is used before it is defined") from None
+
+    def call(self, e: Call) -> ir.Value:
+        args = [self.expr(a) for a in e.args]
+        dt = e.args[-1].dtype
+        table = FLOAT_OPS if dt.is_float else INT_OPS
+        emit = table.get(e.fn) or SHARED_OPS.get(e.fn)
+        if emit is None:
+            raise ValueError(f"kernel {self.kernel.name}: {e.fn} is not defined for {dt}")
+        if dt.is_float and dt != DType.f32:
+            raise ValueError(f"kernel {self.kernel.name}: {e.fn} on {dt}: compute half types in f32 (cast first)")
+        return emit(self, *args)
+
+    def cast(self, e: Cast) -> ir.Value:
+        return convert(self, self.expr(e.value), e.value.dtype, e.dtype)
+
+    def index_value(self, e: Index) -> ir.Value:
+        return self.index(e.expr)
+
+
+def _llvm_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)
+
+
+def _bf16_bits(v: float) -> int:
+    """bf16 = the f32 bits rounded to their upper half, nearest-even."""
+    if v != v:
+        return 0x7FC0
+    bits = int(np.array(v, dtype=np.float32).view(np.uint32))
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+# ----------------------------------------------------------------------------- op tables
+
+def _f(name):
+    def emit(em, *a):
+        return em.b.call(intrinsic(em.b.module, name, F32, [F32] * len(a), [F32]), list(a))
+    return emit
+
+
+def _i(name):
+    def emit(em, x, y):
+        return em.b.call(intrinsic(em.b.module, name, x.type, [x.type, x.type], [x.type]), [x, y])
+    return emit
+
+
+def _math(name):
+    return lambda em, *a: em.mb.math.call(em.b, name, list(a))
+
+
+def _one(em):
+    return ir.Constant(F32, 1.0)
+
+
+def _float_sign(em, x):
+    """(x > 0) - (x < 0): 0 for zeros and NaN, like torch.sign."""
+    b = em.b
+    zero = ir.Constant(F32, 0.0)
+    return b.fsub(b.uitofp(b.fcmp_ordered(">", x, zero), F32), b.uitofp(b.fcmp_ordered("<", x, zero), F32))
+
+
+def _float_floordiv(em, x, y):
+    return _f("floor")(em, em.b.fdiv(x, y))
+
+
+def _float_rem(em, x, y):
+    # torch.remainder: x - floor(x / y) * y (the sign follows y); fused to keep it exact for small quotients
+    q = _float_floordiv(em, x, y)
+    return em.b.call(intrinsic(em.b.module, "fmuladd", F32, [F32] * 3, [F32]), [em.b.fneg(q), y, x])
+
+
+FLOAT_OPS: dict[str, Callable] = {
+    "add": lambda em, x, y: em.b.fadd(x, y),
+    "sub": lambda em, x, y: em.b.fsub(x, y),
+    "mul": lambda em, x, y: em.b.fmul(x, y),
+    "div": lambda em, x, y: em.b.fdiv(x, y),
+    "max": _f("maximum"),                     # NaN-propagating, like torch.maximum
+    "min": _f("minimum"),
+    "neg": lambda em, x: em.b.fneg(x),
+    "abs": _f("fabs"),
+    "sqrt": _f("sqrt"),
+    "rsqrt": lambda em, x: em.b.fdiv(_one(em), _f("sqrt")(em, x)),
+    "reciprocal": lambda em, x: em.b.fdiv(_one(em), x),
+    "floor": _f("floor"),
+    "ceil": _f("ceil"),
+    "round": _f("roundeven"),                 # torch.round: half to even
+    "sign": _float_sign,
+    "floordiv": _float_floordiv,
+    "rem": _float_rem,
+    **{f: _math(f) for f in ("exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "pow")},
+    **{c: (lambda p: lambda em, x, y: em.b.fcmp_ordered(p, x, y))(p)
+       for c, p in (("eq", "=="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
+    "ne": lambda em, x, y: em.b.fcmp_unordered("!=", x, y),
+}
+
+
+def _int_divisor(em, x, y):
+    """Division by zero and INT_MIN / -1 trap on x86: divide by 1 instead (the result is then 0 / x)."""
+    b = em.b
+    bad = b.or_(b.icmp_signed("==", y, ir.Constant(y.type, 0)), b.icmp_signed("==", y, ir.Constant(y.type, -1)))
+    return b.select(bad, ir.Constant(y.type, 1), y), bad
+
+
+def _int_floordiv(em, x, y):
+    b = em.b
+    d, bad = _int_divisor(em, x, y)
+    q = b.sdiv(x, d)
+    r = b.srem(x, d)
+    fix = b.and_(b.icmp_signed("!=", r, ir.Constant(x.type, 0)),
+                 b.icmp_signed("!=", b.icmp_signed("<", r, ir.Constant(x.type, 0)),
+                               b.icmp_signed("<", d, ir.Constant(x.type, 0))))
+    q = b.sub(q, b.zext(fix, x.type))
+    neg_one = b.icmp_signed("==", y, ir.Constant(y.type, -1))
+    return b.select(neg_one, b.neg(x), b.select(bad, ir.Constant(x.type, 0), q))
+
+
+def _int_rem(em, x, y):
+    b = em.b
+    d, bad = _int_divisor(em, x, y)
+    r = b.srem(x, d)
+    fix = b.and_(b.icmp_signed("!=", r, ir.Constant(x.type, 0)),
+                 b.icmp_signed("!=", b.icmp_signed("<", r, ir.Constant(x.type, 0)),
+                               b.icmp_signed("<", d, ir.Constant(x.type, 0))))
+    r = b.select(fix, b.add(r, d), r)
+    return b.select(bad, ir.Constant(x.type, 0), r)
+
+
+def _int_sign(em, x):
+    b = em.b
+    zero = ir.Constant(x.type, 0)
+    return b.sub(b.zext(b.icmp_signed(">", x, zero), x.type), b.zext(b.icmp_signed("<", x, zero), x.type))
+
+
+INT_OPS: dict[str, Callable] = {
+    "add": lambda em, x, y: em.b.add(x, y),
+    "sub": lambda em, x, y: em.b.sub(x, y),
+    "mul": lambda em, x, y: em.b.mul(x, y),
+    "max": _i("smax"),
+    "min": _i("smin"),
+    "neg": lambda em, x: em.b.neg(x),
+    "abs": lambda em, x: em.b.call(intrinsic(em.b.module, "abs", x.type, [x.type, I1], [x.type]),
+                                   [x, ir.Constant(I1, 0)]),
+    "sign": _int_sign,
+    "floordiv": _int_floordiv,
+    "rem": _int_rem,
+    "not": lambda em, x: em.b.not_(x),
+    **{c: (lambda p: lambda em, x, y: (em.b.icmp_unsigned if x.type == I1 else em.b.icmp_signed)(p, x, y))(p)
+       for c, p in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
+}
+
+SHARED_OPS: dict[str, Callable] = {
+    "and": lambda em, x, y: em.b.and_(x, y),
+    "or": lambda em, x, y: em.b.or_(x, y),
+    "xor": lambda em, x, y: em.b.xor(x, y),
+    "select": lambda em, c, x, y: em.b.select(c, x, y),
+}
+
+
+def _reduce_float(name):
+    if name in ("fadd", "fmul"):
+        return lambda em, acc, v: getattr(em.b, name)(acc, v, flags=REDUCE_FLAGS)
+    return lambda em, acc, v: em.b.call(intrinsic(em.b.module, name, acc.type, [acc.type] * 2, [acc.type]),
+                                        [acc, v], fastmath=REDUCE_FLAGS)
+
+
+REDUCERS = {
+    ("sum", True): _reduce_float("fadd"), ("prod", True): _reduce_float("fmul"),
+    ("max", True): _reduce_float("maximum"), ("min", True): _reduce_float("minimum"),
+    ("sum", False): lambda em, acc, v: em.b.add(acc, v), ("prod", False): lambda em, acc, v: em.b.mul(acc, v),
+    ("max", False): lambda em, acc, v: _i("smax")(em, acc, v), ("min", False): lambda em, acc, v: _i("smin")(em, acc, v),
+}
+
+
+# ----------------------------------------------------------------------------- casts
+
+def convert(em: KernelEmitter, v: ir.Value, src: DType, dst: DType) -> ir.Value:
+    b = em.b
+    if src == dst:
+        return v
+    if src == DType.bf16:
+        return convert(em, b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), F32), DType.f32, dst)
+    if dst == DType.bf16:
+        return _f32_to_bf16(em, convert(em, v, src, DType.f32))
+    sty, dty = VALUE_TYPES[src], VALUE_TYPES[dst]
+    if src.is_float and dst.is_float:
+        return b.fpext(v, dty) if src == DType.f16 else b.fptrunc(v, dty)
+    if src.is_float:
+        if dst == DType.bool:
+            return b.fcmp_unordered("!=", v, ir.Constant(sty, 0.0))
+        return b.call(intrinsic(b.module, "fptosi.sat", dty, [sty], [dty, sty]), [v])
+    if dst.is_float:
+        return b.uitofp(v, dty) if src == DType.bool else b.sitofp(v, dty)
+    if dst == DType.bool:
+        return b.icmp_signed("!=", v, ir.Constant(sty, 0))
+    if src == DType.bool:
+        return b.zext(v, dty)
+    return b.sext(v, dty) if dty.width > sty.width else b.trunc(v, dty)
+
+
+def _f32_to_bf16(em: KernelEmitter, v: ir.Value) -> ir.Value:
+    b = em.b
+    bits = b.bitcast(v, I32)
+    lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+    rounded = b.lshr(b.add(bits, b.add(ir.Constant(I32, 0x7FFF), lsb)), ir.Constant(I32, 16))
+    nan = b.fcmp_unordered("uno", v, v)
+    return b.trunc(b.select(nan, ir.Constant(I32, 0x7FC0), rounded), I16)
+
+
+STATEMENTS = {Let: KernelEmitter.let, Store: KernelEmitter.store, Loop: KernelEmitter.loop,
+              Reduce: KernelEmitter.reduce, Gemm: KernelEmitter.gemm}
+EXPRESSIONS = {Const: KernelEmitter.const, Var: KernelEmitter.var, Load: KernelEmitter.load,
+               Call: KernelEmitter.call, Cast: KernelEmitter.cast, Index: KernelEmitter.index_value}

@@ -1,0 +1,703 @@
+"""Graph IR -> kernel IR: one kernel per group of ops.
+
+A group is a set of graph ops lowered into ONE kernel: an elementwise chain with broadcasting,
+views/slices/permutes folded into load indexing, reductions with their prologue and epilogue
+(softmax, layer_norm, ...), window ops (pooling, direct convolution), or one GEMM-based op
+(matmul, linear, conv via im2col) with an elementwise epilogue.
+
+How a group becomes loops:
+
+- The iteration space is the shape of the group's outputs (elementwise), or of the reductions'
+  input with the reduced axes split off (reductions). All outer dims but the last are flattened
+  into one parallel loop; the runtime splits it across threads.
+- Every value is produced on demand at an index (`value(v, idx)`): a group input is a load, an
+  elementwise op is its scalar emitter (`scalar_ops`) applied to its operands at the broadcast
+  index, a view maps the index to its operand's index, a reduction is a `Reduce` statement
+  emitted once per outer iteration. A value used more than once at the same index becomes a `Let`.
+- GEMM-based ops (`library.py`) bring their own parallel loop; the group's epilogue runs inside
+  it over the block of the output each iteration computed.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import sympy
+
+from ..errors import CuvilUnsupportedOpError, CuvilVerifyError
+from ..ir.core import Function, Operation, Value
+from ..ir.ops.common import is_one
+from ..ir.types import DType, dims_equal, norm_dim
+from . import scalar_ops
+from .index_math import Bounds, floor_div, modulo
+from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
+                        compute_dtype, free_symbols, identity, index_names, loop_var)
+from .scalar_ops import call, cast, const
+
+INLINE_OPS = frozenset({"cuvil.literal", "cuvil.full", "cuvil.arange"})
+REDUCTIONS = frozenset({"cuvil.sum", "cuvil.mean", "cuvil.amax", "cuvil.amin", "cuvil.prod", "cuvil.var",
+                        "cuvil.softmax", "cuvil.log_softmax", "cuvil.layer_norm", "cuvil.rms_norm"})
+SKIP_OPS = frozenset({"cuvil.const", "cuvil.return"})
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+# ----------------------------------------------------------------------------- classification
+
+def op_kind(op: Operation) -> str:
+    """How the lowering treats an op: inline, elementwise, view, reduction, window, library, or
+    unsupported."""
+    from .library import classify
+    if op.name in INLINE_OPS:
+        return "inline"
+    if op.name in REDUCTIONS:
+        return "reduction"
+    if op.name in VIEWS or op.name in ("cuvil.cat", "cuvil.triu", "cuvil.tril"):
+        return "view"
+    if op.name in scalar_ops.EMITTERS:
+        return "elementwise"
+    return classify(op) or "unsupported"
+
+
+def group_elementwise_chains(fn: Function) -> list[list[Operation]]:
+    """Greedy grouping used until the fusion pass lands: every computing op ends up in exactly one
+    group (in program order). A group grows backwards from a sink through producers whose results
+    are used only inside the group: elementwise and view ops, a reduction's prologue, and one
+    GEMM-based op under an elementwise epilogue. Inline constants (literal, full, arange) are
+    recomputed inside the kernels that use them; they get a kernel only when something else needs
+    them in memory (a return, a library op)."""
+    ops = [op for op in fn.ops if op.name not in SKIP_OPS]
+    member: dict[int, int] = {}
+    groups: list[list[Operation]] = []
+    for sink in reversed(ops):
+        if id(sink) in member:
+            continue
+        kind = op_kind(sink)
+        if kind == "inline" and not _needs_memory(sink):
+            continue
+        group = [sink]
+        member[id(sink)] = len(groups)
+        has_library = kind == "library"
+        frontier = [] if kind in ("library", "unsupported") else list(sink.operands)
+        while frontier:
+            v = frontier.pop()
+            p = v.owner
+            if isinstance(p, Function) or id(p) in member or p.name in SKIP_OPS:
+                continue
+            pkind = op_kind(p)
+            inside = all(id(u) in member and member[id(u)] == len(groups) for r in p.results for u in r.uses)
+            absorb = inside and (
+                pkind in ("elementwise", "view", "window")
+                or (pkind == "library" and not has_library and kind in ("elementwise", "view")
+                    and all(dims_equal(a, b) for a, b in zip(p.result.type.shape, sink.results[0].type.shape))
+                    and p.result.type.rank == sink.results[0].type.rank))
+            if not absorb:
+                continue
+            group.append(p)
+            member[id(p)] = len(groups)
+            if pkind == "library":
+                has_library = True
+            else:
+                frontier.extend(p.operands)
+        groups.append(group)
+    order = {id(op): i for i, op in enumerate(fn.ops)}
+    out = [sorted(g, key=lambda op: order[id(op)]) for g in groups]
+    out.sort(key=lambda g: order[id(g[-1])])
+    return out
+
+
+def _needs_memory(op: Operation) -> bool:
+    return any(u.name == "cuvil.return" or op_kind(u) in ("library", "unsupported")
+               for r in op.results for u in r.uses)
+
+
+# ----------------------------------------------------------------------------- views
+
+def _permute(op, idx, v):
+    out = [None] * len(idx)
+    for k, p in enumerate(op.attrs["perm"]):
+        out[p] = idx[k]
+    return [out]
+
+
+def _expand(op, idx, v):
+    src = op.operands[0].type.shape
+    out_shape = v.type.shape
+    lead = len(out_shape) - len(src)
+    return [[0 if is_one(d) and not is_one(out_shape[lead + k]) else idx[lead + k] for k, d in enumerate(src)]]
+
+
+def slice_start(op) -> sympy.Expr:
+    size = op.operands[0].type.shape[op.attrs["dim"]]
+    start = norm_dim(op.attrs["start"][0])
+    if isinstance(start, int) and start < 0:
+        start = norm_dim(sympy.sympify(size) + start)
+    if isinstance(start, int) and isinstance(size, int):
+        start = min(max(start, 0), size)
+    return start
+
+
+def _slice(op, idx, v):
+    d = op.attrs["dim"]
+    out = list(idx)
+    out[d] = slice_start(op) + op.attrs["step"] * sympy.sympify(idx[d])
+    return [out]
+
+
+def _squeeze(op, idx, v):
+    out, it = [], iter(idx)
+    for k in range(op.operands[0].type.rank):
+        out.append(0 if k in op.attrs["dims"] else next(it))
+    return [out]
+
+
+def _unsqueeze(op, idx, v):
+    out = list(idx)
+    del out[op.attrs["dim"]]
+    return [out]
+
+
+def _select(op, idx, v):
+    d, index = op.attrs["dim"], op.attrs["index"]
+    if index < 0:
+        index = norm_dim(sympy.sympify(op.operands[0].type.shape[d]) + index)
+    out = list(idx)
+    out.insert(d, index)
+    return [out]
+
+
+def _split(op, idx, v):
+    d = op.attrs["dim"]
+    offset = sum((sympy.sympify(s) for s in op.attrs["sizes"][:v.index]), sympy.Integer(0))
+    out = list(idx)
+    out[d] = offset + idx[d]
+    return [out]
+
+
+def _same(op, idx, v):
+    return [list(idx)]
+
+
+VIEWS: dict[str, Callable] = {
+    "cuvil.permute": _permute, "cuvil.expand": _expand, "cuvil.slice": _slice, "cuvil.squeeze": _squeeze,
+    "cuvil.unsqueeze": _unsqueeze, "cuvil.select": _select, "cuvil.split": _split, "cuvil.reshape": None,
+}
+
+
+def broadcast_index(idx, out_shape, in_shape) -> list:
+    """The operand index of a broadcast: right-aligned, size-1 dims read element 0."""
+    lead = len(out_shape) - len(in_shape)
+    return [0 if is_one(d) and not is_one(out_shape[lead + k]) else idx[lead + k] for k, d in enumerate(in_shape)]
+
+
+# ----------------------------------------------------------------------------- the lowering
+
+@dataclass
+class LoweredKernel:
+    """A kernel and the graph values its buffers hold (`None` for scratch), in buffer order."""
+    ops: list[Operation]
+    kernel: Kernel
+    values: list[Value | None]
+
+
+@dataclass
+class _Reduction:
+    """The scalars a reduction op produced in the current outer iteration."""
+    vars: dict
+
+
+class GroupLowering:
+    """Lower one group of ops (`ops`, from function `fn`) to a kernel named `name`."""
+
+    def __init__(self, fn: Function, ops: list[Operation], name: str):
+        self.fn, self.name = fn, name
+        ids = {id(op) for op in ops}
+        self.ops = [op for op in fn.ops if id(op) in ids]
+        if len(self.ops) != len(ops):
+            raise CuvilVerifyError(f"group {name}: some ops are not in function @{fn.name}")
+        self.members = ids
+        for op in self.ops:
+            if op_kind(op) == "unsupported":
+                raise CuvilUnsupportedOpError(op.name, _where(op), "no native lowering for this op yet")
+        self.inputs: dict[int, Buffer] = {}
+        self.outputs: dict[int, tuple[Value, Buffer]] = {}
+        self.buffers: list[Buffer] = []
+        self.values: list[Value | None] = []
+        self.materialized: dict[int, Callable] = {}
+        self.blocks: list[list] = [[]]
+        self.memo: list[dict] = [{}]
+        self.reductions: dict[int, _Reduction] = {}
+        self.known: Bounds = {}
+        self.mask: Expr | None = None
+        self._names = itertools.count()
+        self._collect_buffers()
+
+    # -- buffers
+    def _collect_buffers(self) -> None:
+        for op in self.ops:
+            for v in op.operands:
+                if self._is_source(v) and id(v) not in self.inputs:
+                    self.inputs[id(v)] = self._buffer(v, "in")
+        returned = {id(v) for v in self.fn.return_op.operands}
+        for op in self.ops:
+            for r in op.results:
+                if id(r) in returned or any(id(u) not in self.members for u in r.uses):
+                    self.outputs[id(r)] = (r, self._buffer(r, "out"))
+        if not self.outputs:
+            raise CuvilVerifyError(f"group {self.name}: no op result is used outside the group")
+
+    def _is_source(self, v: Value) -> bool:
+        """Read from memory: function arguments and values of ops outside the group (except inline constants)."""
+        return isinstance(v.owner, Function) or (id(v.owner) not in self.members and v.owner.name not in INLINE_OPS)
+
+    def _buffer(self, v: Value, role: str) -> Buffer:
+        self.values.append(v)
+        base = re.sub(r"[^A-Za-z0-9_.]", "_", v.name) if v.name else ("x" if role == "in" else "y")
+        taken = {b.name for b in self.buffers}
+        name = base if base not in taken and v.name else next(f"{base}{k}" for k in itertools.count() if
+                                                                f"{base}{k}" not in taken)
+        buf = Buffer(name, v.type.dtype, v.type.shape, role)
+        self.buffers.append(buf)
+        return buf
+
+    def scratch(self, dtype: DType, shape) -> Buffer:
+        buf = Buffer(f"tmp{sum(b.role == 'scratch' for b in self.buffers)}", dtype, shape, "scratch")
+        self.buffers.append(buf)
+        self.values.append(None)
+        return buf
+
+    # -- statements and names
+    def fresh(self, prefix: str = "t") -> str:
+        return f"{prefix}{next(self._names)}"
+
+    def emit(self, stmt) -> None:
+        self.blocks[-1].append(stmt)
+
+    def let(self, e: Expr, prefix: str = "t") -> Var:
+        var = Var(self.fresh(prefix), e.dtype)
+        self.emit(Let(var, e))
+        return var
+
+    def push(self) -> list:
+        self.blocks.append([])
+        self.memo.append({})
+        return self.blocks[-1]
+
+    def pop(self) -> list:
+        self.memo.pop()
+        return self.blocks.pop()
+
+    def loop(self, var: str, extent, body: Callable[[sympy.Symbol], None], start=0, parallel=False) -> None:
+        v = loop_var(var)
+        self.known[v] = (sympy.Integer(0) + start, sympy.sympify(start) + extent - 1)
+        self.push()
+        body(v)
+        stmts = self.pop()
+        if stmts:
+            self.emit(Loop(var, start, extent, stmts, parallel))
+
+    def reduce(self, kind: str, ranges: list[tuple[str, object, object]], value: Callable[[list], Expr],
+               dtype: DType, prefix: str | None = None) -> Var:
+        """Emit `Reduce(kind)` over `ranges` ((var, start, extent) each); `value(vars)` builds the
+        per-iteration value inside the reduction body."""
+        syms = []
+        for var, start, extent in ranges:
+            s = loop_var(var)
+            self.known[s] = (sympy.sympify(start), sympy.sympify(start) + extent - 1)
+            syms.append(s)
+        self.push()
+        v = cast(value(syms), dtype)
+        body = self.pop()
+        out = Var(self.fresh(prefix or kind), dtype)
+        self.emit(Reduce(out, kind, [Range(n, s, e) for n, s, e in ranges], identity(kind, dtype), body, v))
+        return out
+
+    # -- values
+    def value(self, v: Value, idx) -> Expr:
+        idx = tuple(norm_dim(i) for i in idx)
+        key = (id(v), idx, self.mask)
+        for scope in reversed(self.memo):
+            if key in scope:
+                return scope[key]
+        e = self._compute(v, idx)
+        uses = sum(1 for u in v.uses if id(u) in self.members)
+        if uses > 1 and not isinstance(e, (Var, Const, Load, Index)):
+            e = self.let(e)
+        self.memo[-1][key] = e
+        return e
+
+    def _compute(self, v: Value, idx) -> Expr:
+        if id(v) in self.materialized:
+            return self.materialized[id(v)](idx)
+        if self._is_source(v):
+            buf = self.inputs[id(v)]
+            other = None if self.mask is None else Const(0, buf.dtype)
+            return cast(Load(buf, idx, self.mask, other), compute_dtype(buf.dtype))
+        op = v.owner
+        kind = op_kind(op)
+        if kind == "inline":
+            return self._inline(op, idx)
+        if kind == "elementwise":
+            return self._elementwise(op, idx)
+        if kind == "view":
+            return self._view(op, v, idx)
+        if kind == "reduction":
+            return self._reduction_value(op, idx)
+        from .library import WINDOW_OPS
+        if kind == "window":
+            return WINDOW_OPS[op.name](self, op, idx)
+        raise CuvilVerifyError(f"group {self.name}: {op.name} must be the root of its group", op)
+
+    def _inline(self, op: Operation, idx) -> Expr:
+        dtype = compute_dtype(op.attrs["dtype"])
+        if op.name == "cuvil.arange":
+            start, step = op.attrs["start"], op.attrs["step"]
+            if not dtype.is_float and all(float(x).is_integer() for x in (start, step)):
+                return cast(Index(int(start) + int(step) * sympy.sympify(idx[0])), dtype)
+            i = cast(Index(idx[0]), DType.f32)
+            return cast(call("add", const(start, DType.f32), call("mul", i, const(step, DType.f32))), dtype)
+        return const(op.attrs["value"], dtype)
+
+    def _elementwise(self, op: Operation, idx) -> Expr:
+        out_shape = op.results[0].type.shape
+        if op.name == "cuvil.batch_norm":   # statistics are per channel (dim 1)
+            args = [self.value(op.operands[0], idx)] + [self.value(s, (idx[1],)) for s in op.operands[1:]]
+        else:
+            args = [self.value(o, broadcast_index(idx, out_shape, o.type.shape)) for o in op.operands]
+        return scalar_ops.emit(op, args, self.let)
+
+    def _view(self, op: Operation, v: Value, idx) -> Expr:
+        if op.name == "cuvil.reshape":
+            return self.value(op.operands[0], self.reshape_index(op.operands[0].type.shape, v.type.shape, idx))
+        if op.name == "cuvil.cat":
+            return self._cat(op, idx)
+        if op.name in ("cuvil.triu", "cuvil.tril"):
+            row, col = sympy.sympify(idx[-2]), sympy.sympify(idx[-1])
+            diff = Index(col - row - op.attrs["diagonal"])
+            keep = call("ge" if op.name == "cuvil.triu" else "le", diff, const(0, DType.i64))
+            x = self.value(op.operands[0], idx)
+            return call("select", keep, x, const(0, x.dtype))
+        (operand_idx,) = VIEWS[op.name](op, idx, v)
+        return self.value(op.operands[0], operand_idx)
+
+    def reshape_index(self, in_shape, out_shape, idx) -> list:
+        """The operand index of a reshape: linearise, then split by the operand's strides."""
+        strides, acc = [], sympy.Integer(1)
+        for d in reversed(out_shape):
+            strides.append(acc)
+            acc = acc * d
+        linear = sum((sympy.sympify(i) * s for i, s in zip(idx, reversed(strides))), sympy.Integer(0))
+        out, acc = [], sympy.Integer(1)
+        for d in reversed(in_shape):
+            out.append(sympy.Integer(0) if is_one(d) else modulo(floor_div(linear, acc, self.known), d, self.known))
+            acc = acc * d
+        return list(reversed(out))
+
+    def _cat(self, op: Operation, idx) -> Expr:
+        d = op.attrs["dim"]
+        dtype = compute_dtype(op.results[0].type.dtype)
+        pos = sympy.sympify(idx[d])
+        offsets, acc = [], sympy.Integer(0)
+        for x in op.operands:
+            offsets.append(acc)
+            acc = acc + x.type.shape[d]
+        result = None
+        for x, off in reversed(list(zip(op.operands, offsets))):
+            inside = call("and", call("ge", Index(pos), Index(off)),
+                          call("lt", Index(pos), Index(off + x.type.shape[d])))
+            saved = self.mask
+            self.mask = inside if saved is None else call("and", saved, inside)
+            piece_idx = list(idx)
+            piece_idx[d] = pos - off
+            piece = cast(self.value(x, piece_idx), dtype)
+            self.mask = saved
+            result = piece if result is None else call("select", inside, piece, result)
+        return result
+
+    # -- reductions
+    def _reduction_value(self, op: Operation, idx) -> Expr:
+        state = self.reductions.get(id(op))
+        if state is None:
+            raise CuvilVerifyError(f"group {self.name}: {op.name} is used outside its reduction loop", op)
+        if op.name in ("cuvil.softmax", "cuvil.log_softmax", "cuvil.layer_norm", "cuvil.rms_norm"):
+            return REDUCTION_EPILOGUES[op.name](self, op, state.vars, idx)
+        return state.vars["result"]
+
+    # -- building the kernel
+    def lower(self) -> LoweredKernel:
+        from .library import LIBRARY
+        roots = [op for op in self.ops if op_kind(op) == "library"]
+        reductions = [op for op in self.ops if op_kind(op) == "reduction"]
+        if len(roots) > 1 or (roots and reductions):
+            raise CuvilVerifyError(f"group {self.name}: a GEMM-based op can only be fused with an elementwise "
+                                   f"epilogue", roots[0])
+        if roots:
+            LIBRARY[roots[0].name](self, roots[0])
+        elif reductions:
+            self._lower_reductions(reductions)
+        else:
+            self._lower_elementwise()
+        body = self.blocks[0]
+        symbols = set()
+        for b in self.buffers:
+            for d in b.shape:
+                symbols |= free_symbols(d)
+        symbols |= index_names(body)
+        symbols -= {str(s) for s in self.known if isinstance(s, sympy.Symbol)}
+        kernel = Kernel(self.name, self.buffers, sorted(symbols, key=_natural), body)
+        return LoweredKernel(self.ops, kernel, self.values)
+
+    def iterate(self, shape, body: Callable[[list], None], outer_only: bool = False) -> None:
+        """Loops over `shape`: the dims before the last flattened into one parallel loop, the last dim
+        an inner loop (`outer_only`: all dims flattened, no inner loop). body(idx) runs innermost."""
+        shape = list(shape)
+        flat = shape if outer_only else shape[:-1]
+        inner = [] if outer_only else shape[-1:]
+        if not flat:
+            if inner:
+                self.loop("i0", inner[0], lambda i: body([i]), parallel=True)
+            else:
+                body([])
+            return
+        total = sympy.Integer(1)
+        for d in flat:
+            total = total * d
+
+        def outer(p):
+            idx, stride = [], total
+            for d in flat:
+                stride = stride / d
+                e = modulo(floor_div(p, stride, self.known), d, self.known)
+                self.known.setdefault(e, (sympy.Integer(0), sympy.sympify(d) - 1))
+                idx.append(e)
+            if inner:
+                self.loop(f"i{len(flat)}", inner[0], lambda i: body(idx + [i]))
+            else:
+                body(idx)
+        self.loop("p", norm_dim(total), outer, parallel=True)
+
+    def store_outputs(self, idx, which: Callable[[Value], bool] = lambda v: True) -> None:
+        for v, buf in self.outputs.values():
+            if which(v):
+                e = self.value(v, idx)
+                if not (isinstance(e, Load) and e.buf == buf and tuple(e.index) == tuple(map(norm_dim, idx))):
+                    self.emit(Store(buf, idx, cast(e, buf.dtype)))
+
+    def _lower_elementwise(self) -> None:
+        shapes = [v.type.shape for v, _ in self.outputs.values()]
+        full = shapes[0]
+        for s in shapes[1:]:
+            if len(s) != len(full) or not all(dims_equal(a, b) for a, b in zip(s, full)):
+                raise CuvilVerifyError(f"group {self.name}: outputs of different shapes "
+                                       f"({', '.join(map(str, shapes))}) cannot share one loop nest")
+        self.iterate(full, self.store_outputs)
+
+    def _lower_reductions(self, reductions: list[Operation]) -> None:
+        full, axes = reduction_space(reductions[0])
+        for r in reductions[1:]:
+            f2, a2 = reduction_space(r)
+            if a2 != axes or len(f2) != len(full) or not all(dims_equal(a, b) for a, b in zip(f2, full)):
+                raise CuvilVerifyError(f"group {self.name}: reductions over different index spaces cannot "
+                                       f"share one kernel", r)
+        outer_axes = [k for k in range(len(full)) if k not in axes]
+
+        def body(outer_idx):
+            def full_index(inner):
+                idx, it_o, it_i = [], iter(outer_idx), iter(inner)
+                for k in range(len(full)):
+                    idx.append(next(it_i) if k in axes else next(it_o))
+                return idx
+            for r in reductions:
+                self.reductions[id(r)] = _Reduction(REDUCTION_BODIES[r.name](self, r, axes, full, full_index))
+            self._store_reduction_outputs(reductions, full, axes, outer_idx, full_index)
+        if outer_axes:
+            self.iterate([full[k] for k in outer_axes], body, outer_only=True)
+        else:
+            body([])
+
+    def _store_reduction_outputs(self, reductions, full, axes, outer_idx, full_index) -> None:
+        def is_full(v):
+            return v.type.rank == len(full) and all(dims_equal(a, b) for a, b in zip(v.type.shape, full))
+        for v, buf in self.outputs.values():
+            if is_full(v):
+                continue
+            rank = v.type.rank
+            if rank == len(full):       # keepdim: reduced axes are 1
+                idx = [0 if k in axes else e for k, e in zip(range(rank), _spread(outer_idx, axes, rank))]
+            elif rank == len(full) - len(axes):
+                idx = list(outer_idx)
+            else:
+                raise CuvilVerifyError(f"group {self.name}: output {v.type} fits neither the reduced nor the "
+                                       f"full index space {list(full)}", v.owner)
+            self.emit(Store(buf, idx, cast(self.value(v, idx), buf.dtype)))
+        fulls = [v for v, _ in self.outputs.values() if is_full(v)]
+        if fulls:
+            ranges = [(f"j{k}", full[k]) for k in axes]
+
+            def nest(level, inner):
+                if level == len(ranges):
+                    self.store_outputs(full_index(inner), is_full)
+                    return
+                var, extent = ranges[level]
+                self.loop(var, extent, lambda j: nest(level + 1, inner + [j]))
+            nest(0, [])
+
+
+def _spread(outer_idx, axes, rank):
+    """Outer indices placed at the non-reduced positions of a rank-`rank` index (None elsewhere)."""
+    it = iter(outer_idx)
+    return [None if k in axes else next(it) for k in range(rank)]
+
+
+def _where(op: Operation) -> str | None:
+    return f"{op.loc.file}:{op.loc.line}" if op.loc else None
+
+
+# ----------------------------------------------------------------------------- reduction ops
+
+def reduction_space(op: Operation) -> tuple[tuple, list[int]]:
+    """(the shape iterated, the reduced axes) of a reduction op."""
+    x = op.operands[0].type
+    if op.name in ("cuvil.softmax", "cuvil.log_softmax"):
+        return x.shape, [op.attrs["dim"]] if x.rank else []
+    if op.name in ("cuvil.layer_norm", "cuvil.rms_norm"):
+        return x.shape, list(range(x.rank - op.attrs["normalized_ndim"], x.rank))
+    return x.shape, sorted(op.attrs["dims"]) or list(range(x.rank))
+
+
+def _count(full, axes) -> sympy.Expr:
+    n = sympy.Integer(1)
+    for k in axes:
+        n = n * full[k]
+    return norm_dim(n)
+
+
+def _count_expr(full, axes, dtype: DType) -> Expr:
+    n = _count(full, axes)
+    return const(n, dtype) if isinstance(n, int) else cast(Index(n), dtype)
+
+
+def _ranges(axes, full, prefix="r"):
+    return [(f"{prefix}{k}", 0, full[k]) for k in axes]
+
+
+def _fold(lw: GroupLowering, kind: str, x: Value, axes, full, full_index, dtype: DType,
+          f: Callable[[Expr], Expr] = lambda e: e) -> Var:
+    return lw.reduce(kind, _ranges(axes, full), lambda vars: f(cast(lw.value(x, full_index(vars)), dtype)), dtype)
+
+
+def _simple(kind):
+    def body(lw, op, axes, full, full_index):
+        dtype = compute_dtype(op.results[0].type.dtype)
+        return {"result": _fold(lw, kind, op.operands[0], axes, full, full_index, dtype)}
+    return body
+
+
+def _mean(lw, op, axes, full, full_index):
+    dtype = compute_dtype(op.results[0].type.dtype)
+    total = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype)
+    return {"result": lw.let(call("div", total, _count_expr(full, axes, dtype)), "mean")}
+
+
+def _mean_and_var(lw, x, axes, full, full_index, dtype, correction):
+    """Two-pass mean and variance (the second pass sums squared deviations: no cancellation)."""
+    total = _fold(lw, "sum", x, axes, full, full_index, dtype)
+    mean = lw.let(call("div", total, _count_expr(full, axes, dtype)), "mean")
+
+    def dev2(e):
+        d = lw.let(call("sub", e, mean), "d")
+        return call("mul", d, d)
+    ss = _fold(lw, "sum", x, axes, full, full_index, dtype, dev2)
+    n = _count(full, axes)
+    denom = norm_dim(n - int(correction)) if float(correction).is_integer() else None
+    if denom is not None and isinstance(denom, int):
+        dn = const(max(denom, 0), dtype)
+    elif denom is not None:
+        dn = cast(Index(denom), dtype)
+    else:
+        dn = call("sub", _count_expr(full, axes, dtype), const(correction, dtype))
+    return mean, lw.let(call("div", ss, dn), "var")
+
+
+def _var(lw, op, axes, full, full_index):
+    dtype = compute_dtype(op.results[0].type.dtype)
+    _, var = _mean_and_var(lw, op.operands[0], axes, full, full_index, dtype, op.attrs["correction"])
+    return {"result": var}
+
+
+def _softmax(lw, op, axes, full, full_index):
+    dtype = compute_dtype(op.results[0].type.dtype)
+    m = _fold(lw, "max", op.operands[0], axes, full, full_index, dtype)
+    s = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype, lambda e: call("exp", call("sub", e, m)))
+    if op.name == "cuvil.log_softmax":
+        return {"max": m, "shift": lw.let(call("add", m, call("log", s)), "shift")}
+    return {"max": m, "inv": lw.let(call("div", const(1.0, dtype), s), "inv")}
+
+
+def _layer_norm(lw, op, axes, full, full_index):
+    dtype = compute_dtype(op.results[0].type.dtype)
+    mean, var = _mean_and_var(lw, op.operands[0], axes, full, full_index, dtype, 0)
+    rstd = lw.let(call("rsqrt", call("add", var, const(op.attrs["eps"], dtype))), "rstd")
+    return {"mean": mean, "rstd": rstd}
+
+
+def _rms_norm(lw, op, axes, full, full_index):
+    dtype = compute_dtype(op.results[0].type.dtype)
+    ss = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype, lambda e: call("mul", e, e))
+    eps = op.attrs["eps"]
+    if eps is None:
+        eps = scalar_ops.float_eps(op.operands[0].type.dtype)
+    ms = call("div", ss, _count_expr(full, axes, dtype))
+    return {"rstd": lw.let(call("rsqrt", call("add", ms, const(eps, dtype))), "rstd")}
+
+
+REDUCTION_BODIES: dict[str, Callable] = {
+    "cuvil.sum": _simple("sum"), "cuvil.prod": _simple("prod"), "cuvil.amax": _simple("max"),
+    "cuvil.amin": _simple("min"), "cuvil.mean": _mean, "cuvil.var": _var, "cuvil.softmax": _softmax,
+    "cuvil.log_softmax": _softmax, "cuvil.layer_norm": _layer_norm, "cuvil.rms_norm": _rms_norm,
+}
+
+
+def _softmax_out(lw, op, vars, idx):
+    x = cast(lw.value(op.operands[0], idx), compute_dtype(op.results[0].type.dtype))
+    if op.name == "cuvil.log_softmax":
+        return call("sub", x, vars["shift"])
+    return call("mul", call("exp", call("sub", x, vars["max"])), vars["inv"])
+
+
+def _norm_out(lw, op, vars, idx):
+    dtype = compute_dtype(op.results[0].type.dtype)
+    x = cast(lw.value(op.operands[0], idx), dtype)
+    y = call("mul", call("sub", x, vars["mean"]), vars["rstd"]) if "mean" in vars else call("mul", x, vars["rstd"])
+    n = op.attrs["normalized_ndim"]
+    for param, combine in zip(op.operands[1:], ("mul", "add")):
+        y = call(combine, y, cast(lw.value(param, idx[len(idx) - n:]), dtype))
+    return y
+
+
+REDUCTION_EPILOGUES: dict[str, Callable] = {
+    "cuvil.softmax": _softmax_out, "cuvil.log_softmax": _softmax_out,
+    "cuvil.layer_norm": _norm_out, "cuvil.rms_norm": _norm_out,
+}
+
+
+# ----------------------------------------------------------------------------- entry points
+
+def lower_group(fn: Function, ops: list[Operation], name: str) -> LoweredKernel:
+    """Lower one group of ops of `fn` to one kernel."""
+    return GroupLowering(fn, ops, name).lower()
+
+
+def kernel_name(fn: Function, i: int, ops: list[Operation]) -> str:
+    labels = [op.name.split(".")[-1] for op in ops if op.name not in INLINE_OPS][-3:] or ["const"]
+    return f"{fn.name}_{i}_{'_'.join(labels)}"
+
+
+def lower_function(fn: Function, groups: list[list[Operation]] | None = None) -> list[LoweredKernel]:
+    """Lower every group of `fn` (default: `group_elementwise_chains(fn)`) to a kernel, in order."""
+    groups = group_elementwise_chains(fn) if groups is None else groups
+    return [lower_group(fn, g, kernel_name(fn, i, g)) for i, g in enumerate(groups)]

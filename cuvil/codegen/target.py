@@ -1,0 +1,89 @@
+"""Target machines: the host CPU (for the JIT) or a cross triple (objects and assembly only)."""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+
+from ..errors import CuvilError
+
+_init_lock = threading.Lock()
+_initialised = set()
+
+
+def init_llvm(all_targets: bool = False) -> None:
+    """Register LLVM's native target (or all targets) once per process."""
+    with _init_lock:
+        if "native" not in _initialised:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _initialised.add("native")
+        if all_targets and "all" not in _initialised:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialised.add("all")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What code is generated for. `host()` is the machine Cuvil runs on; `cross(arch)` presets
+    other architectures (code for them can be emitted and inspected but not run here)."""
+    triple: str
+    cpu: str
+    features: str
+    abiname: str = ""
+
+    @staticmethod
+    def host() -> "Target":
+        return _host()
+
+    @staticmethod
+    def cross(arch: str) -> "Target":
+        try:
+            return CROSS_TARGETS[arch]
+        except KeyError:
+            raise CuvilError(f"unknown cross target '{arch}' (known: {', '.join(CROSS_TARGETS)}; or build a "
+                             f"Target(triple, cpu, features) yourself)") from None
+
+    @property
+    def is_host(self) -> bool:
+        return self == Target.host()
+
+    @property
+    def arch(self) -> str:
+        return self.triple.split("-")[0]
+
+    def has_feature(self, feature: str) -> bool:
+        return f"+{feature}" in self.features.split(",")
+
+    def key(self) -> str:
+        return f"{self.triple}|{self.cpu}|{self.features}|{self.abiname}"
+
+    def target_machine(self, opt: int = 3, jit: bool = False) -> llvm.TargetMachine:
+        """A fresh TargetMachine (MCJIT and LLJIT take ownership of the one they are given)."""
+        init_llvm(all_targets=not jit and self.arch != Target.host().arch)
+        try:
+            target = llvm.Target.from_triple(self.triple)
+        except RuntimeError as e:
+            raise CuvilError(f"LLVM has no target for triple '{self.triple}': {e}") from None
+        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=opt, reloc="pic",
+                                            codemodel="jitdefault" if jit else "default", jit=jit,
+                                            abiname=self.abiname)
+
+    def __str__(self) -> str:
+        return f"{self.triple} ({self.cpu})"
+
+
+@functools.cache
+def _host() -> Target:
+    init_llvm()
+    return Target(llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+
+
+CROSS_TARGETS = {
+    "aarch64": Target("aarch64-unknown-linux-gnu", "generic", "+neon"),
+    "riscv64": Target("riscv64-unknown-linux-gnu", "generic-rv64", "+m,+a,+f,+d,+c,+v", abiname="lp64d"),
+    "x86_64": Target("x86_64-unknown-linux-gnu", "x86-64-v3", ""),
+}

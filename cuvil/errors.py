@@ -1,0 +1,54 @@
+"""User-facing errors. Each one names the problem and where it is.
+
+Internal bugs are ordinary Python exceptions; everything a user can cause by bad input
+(text, models, pipelines, options) is a `CuvilError` subclass with a location.
+"""
+from __future__ import annotations
+
+
+class CuvilError(Exception):
+    """Base class of every error Cuvil raises on purpose."""
+
+
+class CuvilParseError(CuvilError):
+    """Malformed textual IR: carries line, column, the source line and a caret."""
+
+    def __init__(self, message: str, line: int, col: int, source_line: str = "", filename: str = "<text>"):
+        self.message, self.line, self.col = message, line, col
+        self.source_line, self.filename = source_line, filename
+        caret = " " * (col - 1) + "^"
+        super().__init__(f"{filename}:{line}:{col}: error: {message}\n{source_line}\n{caret}")
+
+
+class CuvilVerifyError(CuvilError):
+    """The IR breaks an invariant (types, SSA, op constraints)."""
+
+    def __init__(self, message: str, op=None):
+        self.message, self.op = message, op
+        where = ""
+        if op is not None:
+            where = f" in '{op.name}'"
+            if op.loc is not None:
+                where += f" at {op.loc.file}:{op.loc.line}"
+        super().__init__(f"{message}{where}")
+
+
+class CuvilUnsupportedOpError(CuvilError):
+    """An ATen op (or other construct) the frontend cannot import."""
+
+    def __init__(self, op_name: str, source: str | None = None, detail: str = ""):
+        self.op_name, self.source = op_name, source
+        text = f"unsupported op '{op_name}'"
+        if detail:
+            text += f": {detail}"
+        if source:
+            text += f"\n  at {source}"
+        super().__init__(text)
+
+
+class CuvilPipelineError(CuvilError):
+    """A bad pipeline string: unknown pass, unknown or ill-typed option."""
+
+
+class CuvilPassError(CuvilError):
+    """A pass failed or broke the IR; names the pass."""

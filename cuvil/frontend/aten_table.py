@@ -1,0 +1,564 @@
+"""ATen -> Cuvil graph IR: one row per ATen overload (Inductor-style lowering table).
+
+A row is `row(L, *args)`: `L` is the importer's `Lowering` (emit ops, read torch's result
+shape/dtype, literals, casts, axes) and `args` are the overload's schema arguments in order,
+defaults filled in. A row returns a Cuvil value, a tuple of them (multi-result ATen ops; parts
+Cuvil does not produce are `Unavailable`), a dim (symbolic-int arithmetic), or None (asserts).
+
+Every overload with a row is also kept whole by `decomposition_table()`: `linear`,
+`scaled_dot_product_attention`, `layer_norm`, `softmax`, `silu`... stay single ops instead of
+being decomposed into core ATen, because Cuvil has them directly.
+
+Shapes that ATen states with `-1` or symbolic sizes (view, expand, full, split) are read from
+torch's own result metadata (`L.out_shape()`), already expressed in Cuvil's symbols.
+"""
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+
+from ..ir import DType
+from .importer import Lowering, Unavailable
+
+aten = torch.ops.aten
+
+
+# ----------------------------------------------------------------------------- row makers
+
+def unary(name: str):
+    """Elementwise op; the input is cast to the result dtype first (torch promotes int -> float)."""
+    def row(L: Lowering, x, *_):
+        dtype = L.out_dtype()
+        return L.op(name, x if dtype is DType.bool else L.cast(x, dtype))
+    return row
+
+
+def binary(name: str, int_to_float: bool = False):
+    """Elementwise op on tensors or scalars, both brought to torch's promoted dtype."""
+    def row(L: Lowering, a, b, *_):
+        dtype = L.promoted(a, b, int_to_float=int_to_float)
+        return L.op(name, L.tensor(a, dtype), L.tensor(b, dtype))
+    return row
+
+
+def scaled(name: str):
+    """add/sub with torch's `alpha` multiplier on the second operand."""
+    def row(L: Lowering, a, b, alpha=1):
+        return binary(name)(L, a, _times(L, b, alpha))
+    return row
+
+
+def logical_or_bitwise(logical: str, bitwise: str):
+    def row(L: Lowering, a, b):
+        return binary(logical if L.out_dtype() is DType.bool else bitwise)(L, a, b)
+    return row
+
+
+def reduction(name: str):
+    """sum/mean/amax/amin/prod over `dims` (None or [] = all); the input is cast to the result dtype."""
+    def row(L: Lowering, x, dims=None, keepdim=False, *_):
+        return L.op(name, L.cast(x, L.out_dtype()), dims=L.axes(dims, x.type.rank), keepdim=bool(keepdim))
+    return row
+
+
+def reduction_all(name: str):
+    """sum/mean of every element (`sum.default`, `mean.default`)."""
+    def row(L: Lowering, x, *_):
+        return L.op(name, L.cast(x, L.out_dtype()), dims=[], keepdim=False)
+    return row
+
+
+def arg_reduction(name: str):
+    def row(L: Lowering, x, dim=None, keepdim=False):
+        return L.op(name, x, dim=None if dim is None else L.axis(dim, x.type.rank), keepdim=keepdim)
+    return row
+
+
+def along_dim(name: str):
+    """softmax / log_softmax / cumsum: one axis; the input is cast to the result dtype."""
+    def row(L: Lowering, x, dim, *_):
+        return L.op(name, L.cast(x, L.out_dtype()), dim=L.axis(dim, x.type.rank))
+    return row
+
+
+def identity(L: Lowering, x, *_):
+    return x
+
+
+def no_op(L: Lowering, *_):
+    return None
+
+
+def symbolic_int(L: Lowering, *_):
+    """sym_size and arithmetic on symbolic ints: the value torch computed, as a Cuvil dim."""
+    return L.torch_dim(L.val())
+
+
+def like_full(value_index: int | None = None, fill=None):
+    """full / zeros / ones / *_like / new_* / scalar_tensor: shape and dtype from torch's result."""
+    def row(L: Lowering, *args):
+        value = fill if value_index is None else args[value_index]
+        dtype = L.out_dtype()
+        return L.op("cuvil.full", shape=list(L.out_shape()), value=L.scalar(value, dtype), dtype=dtype)
+    return row
+
+
+def pair(v) -> list[int]:
+    v = [v] if isinstance(v, int) else list(v)
+    return v * 2 if len(v) == 1 else v
+
+
+# ----------------------------------------------------------------------------- rows with their own logic
+
+def reshape(L: Lowering, x, *_):
+    shape = L.out_shape()
+    return x if x.type.shape == shape else L.op("cuvil.reshape", x, shape=list(shape))
+
+
+def expand(L: Lowering, x, *_):
+    shape = L.out_shape()
+    return x if x.type.shape == shape else L.op("cuvil.expand", x, shape=list(shape))
+
+
+def permute(L: Lowering, x, perm):
+    return L.op("cuvil.permute", x, perm=L.axes(perm, x.type.rank))
+
+
+def transpose(L: Lowering, x, d0, d1):
+    perm = list(range(x.type.rank))
+    d0, d1 = L.axis(d0, x.type.rank), L.axis(d1, x.type.rank)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return x if d0 == d1 else L.op("cuvil.permute", x, perm=perm)
+
+
+def t(L: Lowering, x):
+    return transpose(L, x, 0, 1) if x.type.rank == 2 else x
+
+
+def slice_(L: Lowering, x, dim=0, start=None, end=None, step=1):
+    dim = L.axis(dim, x.type.rank)
+    size = x.type.shape[dim]
+    start, end = _bound(L, start, size, 0), _bound(L, end, size, size)
+    if start == 0 and end == size and step == 1:
+        return x
+    return L.op("cuvil.slice", x, dim=dim, start=[start], end=[end], step=step)
+
+
+def _bound(L: Lowering, b, size, default):
+    """A slice bound as a dim: None -> default; negative ints count from the end; static ints are
+    clamped (torch writes "to the end" as a huge int). Symbolic bounds are Cuvil dims already."""
+    if b is None:
+        return default
+    if not isinstance(b, int):
+        return b
+    if isinstance(size, int):
+        return max(0, min(b + size if b < 0 else b, size))
+    if b < 0:
+        return size + b
+    return size if b >= 1 << 62 else b
+
+
+def select(L: Lowering, x, dim, index):
+    dim = L.axis(dim, x.type.rank)
+    size = x.type.shape[dim]
+    if index >= 0 or isinstance(size, int):
+        return L.op("cuvil.select", x, dim=dim, index=index % size if isinstance(size, int) else index)
+    # a negative index into a symbolic dim: a one-wide slice at size+index, then drop the dim
+    one = L.op("cuvil.slice", x, dim=dim, start=[size + index], end=[size + index + 1], step=1)
+    return L.op("cuvil.squeeze", one, dims=[dim])
+
+
+def split(L: Lowering, x, _sizes, dim=0):
+    dim = L.axis(dim, x.type.rank)
+    sizes = [L.symbols.shape(v)[dim] for v in L.val()]
+    return tuple(L.multi("cuvil.split", [x], dim=dim, sizes=sizes))
+
+
+def cat(L: Lowering, xs, dim=0):
+    dtype = L.out_dtype()
+    rank = max(x.type.rank for x in xs)
+    xs = [L.cast(x, dtype) for x in xs if not (x.type.rank == 1 and x.type.shape[0] == 0)]  # torch skips empty 1-d
+    return xs[0] if len(xs) == 1 else L.op("cuvil.cat", *xs, dim=L.axis(dim, rank))
+
+
+def unsqueeze(L: Lowering, x, dim):
+    return L.op("cuvil.unsqueeze", x, dim=L.axis(dim, x.type.rank + 1))
+
+
+def squeeze(L: Lowering, x, dims=None):
+    dims = range(x.type.rank) if dims is None else L.axes(dims, x.type.rank)
+    ones = [d for d in dims if x.type.shape[d] == 1]
+    return L.op("cuvil.squeeze", x, dims=ones) if ones else x
+
+
+def to_copy(L: Lowering, x, *_):
+    return L.cast(x, L.out_dtype())
+
+
+def where(L: Lowering, cond, a, b):
+    dtype = L.promoted(a, b)
+    return L.op("cuvil.where", cond, L.tensor(a, dtype), L.tensor(b, dtype))
+
+
+def masked_fill(L: Lowering, x, mask, value):
+    return where(L, mask, value, x)
+
+
+def logical_not(L: Lowering, x):
+    if x.type.dtype is not DType.bool:
+        L.unsupported("bitwise not of an integer tensor")
+    return L.op("cuvil.logical_not", x)
+
+
+def clamp(L: Lowering, x, lo=None, hi=None):
+    return L.op("cuvil.clamp", L.cast(x, L.out_dtype()), min=None if lo is None else float(lo),
+                max=None if hi is None else float(hi))
+
+
+def gelu(L: Lowering, x, approximate="none"):
+    return L.op("cuvil.gelu", x, approximate=approximate)
+
+
+def div_mode(L: Lowering, a, b, rounding_mode=None):
+    if rounding_mode is None:
+        return binary("cuvil.div", int_to_float=True)(L, a, b)
+    if rounding_mode == "floor":
+        return binary("cuvil.floor_div")(L, a, b)
+    L.unsupported(f"rounding_mode={rounding_mode!r}")
+
+
+def pow_(L: Lowering, a, b):
+    return binary("cuvil.pow")(L, a, b)
+
+
+def rsub(L: Lowering, x, other, alpha=1):
+    return binary("cuvil.sub")(L, other, _times(L, x, alpha))
+
+
+def leaky_relu(L: Lowering, x, slope=0.01):
+    return where(L, binary("cuvil.gt")(L, x, 0), x, binary("cuvil.mul")(L, x, slope))
+
+
+def var(L: Lowering, x, dims=None, correction=None, keepdim=False):
+    correction = 1.0 if correction is None else float(correction)
+    return L.op("cuvil.var", x, dims=L.axes(dims, x.type.rank), correction=correction, keepdim=keepdim)
+
+
+def max_dim(L: Lowering, x, dim, keepdim=False):
+    dim = L.axis(dim, x.type.rank)
+    return (L.op("cuvil.amax", x, dims=[dim], keepdim=keepdim), L.op("cuvil.argmax", x, dim=dim, keepdim=keepdim))
+
+
+def _ones(L: Lowering, shape, like):
+    """A missing weight in front of a present bias (optional operands can only be left off at the end)."""
+    return L.op("cuvil.full", shape=list(shape), value=1.0, dtype=like.type.dtype)
+
+
+def _trailing(*vals):
+    vals = list(vals)
+    while vals and vals[-1] is None:
+        vals.pop()
+    return vals
+
+
+def layer_norm(L: Lowering, x, normalized_shape, weight=None, bias=None, eps=1e-5, *_):
+    if weight is None and bias is not None:
+        weight = _ones(L, normalized_shape, x)
+    return L.op("cuvil.layer_norm", x, *_trailing(weight, bias), normalized_ndim=len(normalized_shape),
+                eps=float(eps))
+
+
+def native_layer_norm(L: Lowering, x, normalized_shape, weight, bias, eps):
+    missing = Unavailable("the saved mean/rstd of native_layer_norm (training-only outputs)")
+    return layer_norm(L, x, normalized_shape, weight, bias, eps), missing, missing
+
+
+def rms_norm(L: Lowering, x, normalized_shape, weight=None, eps=None):
+    return L.op("cuvil.rms_norm", x, *_trailing(weight), normalized_ndim=len(normalized_shape),
+                eps=None if eps is None else float(eps))
+
+
+def batch_norm(L: Lowering, x, weight, bias, mean, var_, momentum, eps):
+    if weight is None and bias is not None:
+        weight = _ones(L, mean.type.shape, x)
+    out = L.op("cuvil.batch_norm", x, mean, var_, *_trailing(weight, bias), eps=float(eps))
+    missing = Unavailable("the saved statistics of batch_norm (training-only outputs)")
+    return out, missing, missing
+
+
+def linear(L: Lowering, x, weight, bias=None):
+    return L.op("cuvil.linear", x, weight, *_trailing(bias))
+
+
+def matmul(L: Lowering, a, b):
+    return L.op("cuvil.matmul", a, b)
+
+
+def addmm(L: Lowering, bias, a, b, beta=1, alpha=1):
+    """bias*beta + (a @ b)*alpha; the plain case (1-d bias, beta = alpha = 1) is a linear."""
+    if beta == 1 and alpha == 1 and bias.type.rank == 1:
+        return L.op("cuvil.linear", a, transpose(L, b, 0, 1), bias)
+    return binary("cuvil.add")(L, _times(L, bias, beta), _times(L, L.op("cuvil.matmul", a, b), alpha))
+
+
+def _times(L: Lowering, x, factor):
+    return x if factor == 1 else binary("cuvil.mul")(L, x, factor)
+
+
+def conv2d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return L.op("cuvil.conv2d", x, weight, *_trailing(bias), stride=pair(stride), padding=pair(padding),
+                dilation=pair(dilation), groups=groups)
+
+
+def convolution(L: Lowering, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed or weight.type.rank != 4:
+        L.unsupported("only 2-d, non-transposed convolutions are supported")
+    return conv2d(L, x, weight, bias, stride, padding, dilation, groups)
+
+
+def max_pool2d(L: Lowering, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return L.op("cuvil.max_pool2d", x, kernel=pair(kernel), stride=pair(stride or kernel), padding=pair(padding),
+                dilation=pair(dilation), ceil_mode=ceil_mode)
+
+
+def max_pool2d_with_indices(L: Lowering, *args):
+    return max_pool2d(L, *args), Unavailable("the indices output of max_pool2d_with_indices")
+
+
+def avg_pool2d(L: Lowering, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor=None):
+    return L.op("cuvil.avg_pool2d", x, kernel=pair(kernel), stride=pair(stride or kernel), padding=pair(padding),
+                ceil_mode=ceil_mode, count_include_pad=count_include_pad, divisor=divisor)
+
+
+def adaptive_avg_pool2d(L: Lowering, x, output_size):
+    return L.op("cuvil.adaptive_avg_pool2d", x, output_size=pair(output_size))
+
+
+def embedding(L: Lowering, weight, indices, *_):
+    return L.op("cuvil.embedding", weight, indices)
+
+
+def sdpa(L: Lowering, q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p:
+        L.unsupported(f"dropout_p={dropout_p} (inference needs 0)")
+    if enable_gqa:
+        L.unsupported("enable_gqa=True")
+    if mask is not None and mask.type.dtype is not DType.bool:
+        mask = L.cast(mask, q.type.dtype)
+    return L.op("cuvil.sdpa", q, k, v, *_trailing(mask), is_causal=is_causal,
+                scale=None if scale is None else float(scale))
+
+
+def index(L: Lowering, x, indices):
+    """x[i0, i1, ...] with index tensors on leading dims (None = a skipped dim is not supported)."""
+    if any(i is None for i in indices):
+        L.unsupported("indexing with None (a full slice before an index tensor)")
+    if any(i.type.dtype is DType.bool for i in indices):
+        L.unsupported("boolean-mask indexing (its result size depends on the data)")
+    return L.op("cuvil.index", x, *indices)
+
+
+def arange(L: Lowering, start, end, step=1, *_):
+    if isinstance(start, sympy.Basic) or isinstance(step, sympy.Basic):
+        L.unsupported("a symbolic start or step")
+    if isinstance(end, float):   # a static count: restate the end as start + count*step
+        end = start + L.out_shape()[0] * step
+        if not float(end).is_integer():
+            L.unsupported("a fractional range (Cuvil states the end as an integer size)")
+        end = int(end)
+    return L.op("cuvil.arange", start=start, end=[end], step=step, dtype=L.out_dtype())
+
+
+def arange_end(L: Lowering, end, *_):
+    return arange(L, 0, end)
+
+
+def triangle(name: str):
+    def row(L: Lowering, x, diagonal=0):
+        return L.op(name, x, diagonal=diagonal)
+    return row
+
+
+def index_select(L: Lowering, x, dim, idx):
+    return L.op("cuvil.index_select", x, idx, dim=L.axis(dim, x.type.rank))
+
+
+def gather(L: Lowering, x, dim, idx, *_):
+    return L.op("cuvil.gather", x, idx, dim=L.axis(dim, x.type.rank))
+
+
+def getitem(L: Lowering, seq, i):
+    return seq[i]
+
+
+# ----------------------------------------------------------------------------- the table
+
+ATEN_TABLE = {
+    # elementwise, unary
+    aten.relu.default: unary("cuvil.relu"),
+    aten.neg.default: unary("cuvil.neg"),
+    aten.abs.default: unary("cuvil.abs"),
+    aten.exp.default: unary("cuvil.exp"),
+    aten.log.default: unary("cuvil.log"),
+    aten.sqrt.default: unary("cuvil.sqrt"),
+    aten.rsqrt.default: unary("cuvil.rsqrt"),
+    aten.sin.default: unary("cuvil.sin"),
+    aten.cos.default: unary("cuvil.cos"),
+    aten.tanh.default: unary("cuvil.tanh"),
+    aten.sigmoid.default: unary("cuvil.sigmoid"),
+    aten.silu.default: unary("cuvil.silu"),
+    aten.erf.default: unary("cuvil.erf"),
+    aten.reciprocal.default: unary("cuvil.reciprocal"),
+    aten.logical_not.default: unary("cuvil.logical_not"),
+    aten.bitwise_not.default: logical_not,
+    aten.floor.default: unary("cuvil.floor"),
+    aten.ceil.default: unary("cuvil.ceil"),
+    aten.round.default: unary("cuvil.round"),
+    aten.sign.default: unary("cuvil.sign"),
+    aten.gelu.default: gelu,
+    aten.clamp.default: clamp,
+    aten.clamp_min.default: lambda L, x, lo: clamp(L, x, lo, None),
+    aten.clamp_max.default: lambda L, x, hi: clamp(L, x, None, hi),
+    aten.hardtanh.default: clamp,
+    aten.leaky_relu.default: leaky_relu,
+    aten._to_copy.default: to_copy,
+    # elementwise, binary
+    aten.add.Tensor: scaled("cuvil.add"),
+    aten.add.Scalar: scaled("cuvil.add"),
+    aten.sub.Tensor: scaled("cuvil.sub"),
+    aten.sub.Scalar: scaled("cuvil.sub"),
+    aten.rsub.Scalar: rsub,
+    aten.mul.Tensor: binary("cuvil.mul"),
+    aten.mul.Scalar: binary("cuvil.mul"),
+    aten.div.Tensor: binary("cuvil.div", int_to_float=True),
+    aten.div.Scalar: binary("cuvil.div", int_to_float=True),
+    aten.div.Tensor_mode: div_mode,
+    aten.floor_divide.default: binary("cuvil.floor_div"),
+    aten.remainder.Tensor: binary("cuvil.remainder"),
+    aten.remainder.Scalar: binary("cuvil.remainder"),
+    aten.pow.Tensor_Scalar: pow_,
+    aten.pow.Tensor_Tensor: pow_,
+    aten.pow.Scalar: pow_,
+    aten.maximum.default: binary("cuvil.maximum"),
+    aten.minimum.default: binary("cuvil.minimum"),
+    aten.eq.Tensor: binary("cuvil.eq"),
+    aten.eq.Scalar: binary("cuvil.eq"),
+    aten.ne.Tensor: binary("cuvil.ne"),
+    aten.ne.Scalar: binary("cuvil.ne"),
+    aten.lt.Tensor: binary("cuvil.lt"),
+    aten.lt.Scalar: binary("cuvil.lt"),
+    aten.le.Tensor: binary("cuvil.le"),
+    aten.le.Scalar: binary("cuvil.le"),
+    aten.gt.Tensor: binary("cuvil.gt"),
+    aten.gt.Scalar: binary("cuvil.gt"),
+    aten.ge.Tensor: binary("cuvil.ge"),
+    aten.ge.Scalar: binary("cuvil.ge"),
+    aten.logical_and.default: binary("cuvil.logical_and"),
+    aten.logical_or.default: binary("cuvil.logical_or"),
+    aten.bitwise_and.Tensor: logical_or_bitwise("cuvil.logical_and", "cuvil.bitwise_and"),
+    aten.bitwise_or.Tensor: logical_or_bitwise("cuvil.logical_or", "cuvil.bitwise_or"),
+    aten.where.self: where,
+    aten.masked_fill.Scalar: masked_fill,
+    aten.masked_fill.Tensor: masked_fill,
+    # reductions and normalisations
+    aten.sum.default: reduction_all("cuvil.sum"),
+    aten.sum.dim_IntList: reduction("cuvil.sum"),
+    aten.mean.default: reduction_all("cuvil.mean"),
+    aten.mean.dim: reduction("cuvil.mean"),
+    aten.amax.default: reduction("cuvil.amax"),
+    aten.amin.default: reduction("cuvil.amin"),
+    aten.prod.dim_int: reduction("cuvil.prod"),
+    aten.var.correction: var,
+    aten.max.dim: max_dim,
+    aten.argmax.default: arg_reduction("cuvil.argmax"),
+    aten.argmin.default: arg_reduction("cuvil.argmin"),
+    aten.softmax.int: along_dim("cuvil.softmax"),
+    aten._softmax.default: along_dim("cuvil.softmax"),
+    aten.log_softmax.int: along_dim("cuvil.log_softmax"),
+    aten._log_softmax.default: along_dim("cuvil.log_softmax"),
+    aten.cumsum.default: along_dim("cuvil.cumsum"),
+    aten.layer_norm.default: layer_norm,
+    aten.native_layer_norm.default: native_layer_norm,
+    aten.rms_norm.default: rms_norm,
+    aten._native_batch_norm_legit_no_training.default: batch_norm,
+    # linear algebra, convolution, pooling, attention
+    aten.linear.default: linear,
+    aten.matmul.default: matmul,
+    aten.mm.default: matmul,
+    aten.bmm.default: matmul,
+    aten.addmm.default: addmm,
+    aten.conv2d.default: conv2d,
+    aten.convolution.default: convolution,
+    aten.max_pool2d.default: max_pool2d,
+    aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+    aten.avg_pool2d.default: avg_pool2d,
+    aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten.embedding.default: embedding,
+    aten.scaled_dot_product_attention.default: sdpa,
+    # shapes, views, indexing
+    aten.view.default: reshape,
+    aten._unsafe_view.default: reshape,
+    aten.reshape.default: reshape,
+    aten.expand.default: expand,
+    aten.permute.default: permute,
+    aten.transpose.int: transpose,
+    aten.t.default: t,
+    aten.slice.Tensor: slice_,
+    aten.select.int: select,
+    aten.split_with_sizes.default: split,
+    aten.split.Tensor: split,
+    aten.cat.default: cat,
+    aten.unsqueeze.default: unsqueeze,
+    aten.squeeze.default: squeeze,
+    aten.squeeze.dim: squeeze,
+    aten.squeeze.dims: squeeze,
+    aten.index_select.default: index_select,
+    aten.gather.default: gather,
+    aten.index.Tensor: index,
+    aten.triu.default: triangle("cuvil.triu"),
+    aten.tril.default: triangle("cuvil.tril"),
+    # tensor factories
+    aten.full.default: like_full(1),
+    aten.full_like.default: like_full(1),
+    aten.new_full.default: like_full(2),
+    aten.zeros.default: like_full(fill=0),
+    aten.zeros_like.default: like_full(fill=0),
+    aten.new_zeros.default: like_full(fill=0),
+    aten.ones.default: like_full(fill=1),
+    aten.ones_like.default: like_full(fill=1),
+    aten.new_ones.default: like_full(fill=1),
+    aten.scalar_tensor.default: like_full(0),
+    aten.arange.default: arange_end,
+    aten.arange.start: lambda L, start, end, *_: arange(L, start, end),
+    aten.arange.start_step: arange,
+    # value-semantics no-ops: the graph IR has no aliasing, so copies and views of the whole are the value itself
+    aten.clone.default: identity,
+    aten.alias.default: identity,
+    aten.lift_fresh_copy.default: identity,
+    aten.detach.default: identity,
+    # checks torch inserts; Cuvil checks shapes itself
+    aten._assert_tensor_metadata.default: no_op,
+    aten._assert_scalar.default: no_op,
+    aten.sym_constrain_range_for_size.default: no_op,
+    # symbolic ints and tuples
+    aten.sym_size.int: symbolic_int,
+    aten.sym_numel.default: symbolic_int,
+    operator.add: symbolic_int,
+    operator.sub: symbolic_int,
+    operator.mul: symbolic_int,
+    operator.floordiv: symbolic_int,
+    operator.mod: symbolic_int,
+    operator.getitem: getitem,
+}
+
+
+def decomposition_table() -> dict:
+    """torch.export's default decompositions minus every overload Cuvil lowers directly."""
+    table = torch.export.default_decompositions()
+    for op in ATEN_TABLE:
+        if isinstance(op, torch._ops.OpOverload):
+            table.pop(op, None)
+    return table

@@ -1,0 +1,196 @@
+"""Capture: a module or function + example inputs + dynamic-dimension hints -> a core-ATen
+ExportedProgram, through torch.export and `run_decompositions`.
+
+Hints name the dynamic dims of each input, per position (`[{0: "batch", 1: "seq"}]`) or per
+parameter name (`{"x": {0: "batch"}}`); the same name in two places is the same dimension.
+Ranges are `{"batch": (1, 64)}`, given with `ranges=` or inside the `dynamic` dict; a dim without
+one gets `DEFAULT_RANGE`. A plain function's string annotations (`x: "f32[B,512]"`) are hints too.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from ..errors import CuvilError
+from .annotations import check_example, examples_from_annotations, function_annotations
+from .aten_table import decomposition_table
+from .locations import exception_frame, record_user_frames
+
+DEFAULT_RANGE = (1, 4096)
+
+Hints = dict[str, dict[int, str]]   # input name -> {axis: dim name}
+
+
+@dataclass
+class Captured:
+    program: torch.export.ExportedProgram
+    hints: Hints
+
+
+class CuvilExportError(CuvilError):
+    """torch.export could not capture the model; carries torch's reason and the user's line."""
+
+    def __init__(self, reason: str, source: str | None):
+        self.reason, self.source = reason, source
+        text = f"torch.export could not capture the model: {reason}"
+        super().__init__(text + (f"\n  at {source}" if source else ""))
+
+
+def as_module(fn) -> nn.Module:
+    """Wrap a plain function as a module for torch.export, keeping its parameter names (torch
+    names the graph inputs after `forward`'s signature)."""
+    def forward(self, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    sig = inspect.signature(fn)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
+    return type(getattr(fn, "__name__", "function"), (nn.Module,), {"forward": forward})()
+
+
+def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
+    """`example_inputs`: a tuple of positional inputs, one tensor, or a dict of keyword inputs."""
+    fn = model_or_fn.forward if isinstance(model_or_fn, nn.Module) else model_or_fn
+    annotations = function_annotations(fn)
+    dynamic, ranges = _split_ranges(dynamic, ranges)
+    if example_inputs is None:
+        example_inputs = _examples_from(annotations, fn, ranges)
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), dict(example_inputs)
+    else:
+        args, kwargs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,), {}
+    named = input_names(fn, len(args)) + list(kwargs)
+    values = dict(zip(named, (*args, *kwargs.values())))
+    for name, ann in annotations.items():
+        if name in values:
+            check_example(name, ann, values[name])
+    if dynamic is None and annotations:
+        dynamic = {name: ann.hints() for name, ann in annotations.items()}
+    hints = _hints_by_name(dynamic, named, values, positional=len(args))
+    module = model_or_fn if isinstance(model_or_fn, nn.Module) else as_module(model_or_fn)
+    _check_inference_mode(module)
+    record_user_frames(model_or_fn)
+    dims = _make_dims(hints, ranges)
+    specs = {name: {ax: dims[d] for ax, d in h.items()} for name, h in hints.items()}
+    shapes = {n: specs.get(n) for n in named} if kwargs else tuple(specs.get(n) for n in named)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes if specs else None)
+            ep = ep.run_decompositions(decomposition_table())
+    except CuvilError:
+        raise
+    except Exception as e:   # torch raises many kinds; all mean "could not capture"
+        frame = exception_frame(e)
+        raise CuvilExportError(summarise(e), str(frame) if frame else None) from None
+    return Captured(ep, hints)
+
+
+def input_names(fn, count: int) -> list[str]:
+    """Names of the first `count` positional inputs as torch.export names them (`*args` -> args_0, ...)."""
+    names = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            names += [f"{p.name}_{i}" for i in range(count - len(names))]
+        elif p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    if count > len(names):
+        raise CuvilError(f"{count} example inputs for {len(names)} positional parameters")
+    return names[:count]
+
+
+def _examples_from(annotations, fn, ranges) -> tuple:
+    params = list(inspect.signature(fn).parameters)
+    if not annotations or list(annotations) != params:
+        raise CuvilError("no example inputs given, and not every parameter has a shape annotation "
+                         "such as x: \"f32[B,512]\"")
+    return examples_from_annotations(annotations, ranges)
+
+
+_TRAINING_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+
+
+def _check_inference_mode(module: nn.Module) -> None:
+    for name, m in module.named_modules():
+        if m.training and isinstance(m, _TRAINING_SENSITIVE):
+            raise CuvilError(f"{type(m).__name__} '{name or type(module).__name__}' is in training mode; call "
+                             ".eval() on the model first (Cuvil compiles inference: dropout off, batch norm on "
+                             "running statistics)")
+
+
+def _split_ranges(dynamic, ranges) -> tuple[Any, dict[str, tuple[int, int]]]:
+    """Ranges may ride inside a `dynamic` dict as `name: (lo, hi)`; pull them out."""
+    ranges = dict(ranges or {})
+    if isinstance(dynamic, dict):
+        inside = {k: v for k, v in dynamic.items() if isinstance(v, tuple)}
+        ranges.update(inside)
+        dynamic = {k: v for k, v in dynamic.items() if k not in inside} or None
+    for name, r in ranges.items():
+        if not (len(r) == 2 and all(isinstance(x, int) for x in r) and 1 <= r[0] <= r[1]):
+            raise CuvilError(f"range for '{name}' must be (min, max) integers with 1 <= min <= max, got {r!r}")
+    return dynamic, ranges
+
+
+def _hints_by_name(dynamic, named: list[str], values: dict, positional: int) -> Hints:
+    """Hints per input name, from a dict keyed by name or a list over the positional inputs."""
+    if dynamic is None:
+        return {}
+    if isinstance(dynamic, dict):
+        unknown = [k for k in dynamic if k not in values]
+        if unknown:
+            raise CuvilError(f"dynamic hints name unknown input(s) {unknown}; the inputs are {named}")
+    else:
+        dynamic = list(dynamic)
+        if len(dynamic) > positional:
+            raise CuvilError(f"{len(dynamic)} dynamic hints for {positional} positional inputs")
+        dynamic = dict(zip(named, dynamic))
+    return {name: _normalise_axes(h, values[name], name) for name, h in dynamic.items() if h}
+
+
+def _normalise_axes(hint, x, where: str) -> dict[int, str]:
+    if not isinstance(x, torch.Tensor):
+        raise CuvilError(f"dynamic hint {hint} given for '{where}', which is not a tensor")
+    out = {}
+    for axis, name in hint.items():
+        if not -x.dim() <= axis < x.dim():
+            raise CuvilError(f"dynamic hint for '{where}' names axis {axis}, but it has rank {x.dim()}")
+        name = name.__name__ if isinstance(name, Dim) else name
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise CuvilError(f"dynamic dim name {name!r} for '{where}' axis {axis} must be an identifier")
+        out[axis % x.dim()] = name
+    return out
+
+
+def _make_dims(hints: Hints, ranges: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    names = {n for h in hints.values() for n in h.values()}
+    return {n: Dim(n, min=ranges.get(n, DEFAULT_RANGE)[0], max=ranges.get(n, DEFAULT_RANGE)[1]) for n in sorted(names)}
+
+
+_STOP = re.compile(r"^(The following call raised this error|The error above occurred|from user code|"
+                   r"User code traceback)")
+_NOISE = re.compile(r"^(For more information|For more debugging help|For extended logs|If you suspect|"
+                    r"For C\+\+ stack trace|consider using|Caused by:)")
+_DIM_FIX = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
+
+
+def summarise(e: BaseException, max_lines: int = 10) -> str:
+    """torch's reason in a few lines (suggested fixes included), without its debugging boilerplate."""
+    out = []
+    for line in str(e).strip().splitlines():
+        text = line.strip()
+        if _STOP.match(text):
+            break
+        if text and not _NOISE.match(text):
+            out.append(re.sub(r"\s*For more information, run with TORCH_LOGS=\S+", "", line.rstrip()))
+    if len(out) > max_lines:
+        out = out[:max_lines] + ["..."]
+    if "data-dependent" in str(e):
+        out.insert(0, "the model branches on, or sizes a tensor by, tensor values (data-dependent control flow):")
+    text = "\n".join(out) or type(e).__name__
+    # torch suggests its own API; say it in Cuvil's: ranges={"n": (3, 64)}
+    return _DIM_FIX.sub(lambda m: f'ranges={{"{m[2]}": ({m[3] or DEFAULT_RANGE[0]}, {m[4] or DEFAULT_RANGE[1]})}}', text)

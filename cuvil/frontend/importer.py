@@ -1,0 +1,282 @@
+"""The FX walk: a core-ATen ExportedProgram -> one Cuvil graph function.
+
+Each `call_function` node is lowered by its row in `aten_table.ATEN_TABLE`. A row receives a
+`Lowering` (the builder plus helpers for the node being imported) and the node's arguments bound
+to the ATen schema (defaults filled in, FX nodes replaced by Cuvil values, symbolic ints by Cuvil
+dims). After every row the importer checks the Cuvil result types against torch's own
+(`node.meta["val"]`), so a wrong row fails at import, naming the op and the source line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
+
+from ..errors import CuvilError, CuvilUnsupportedOpError, CuvilVerifyError
+from ..ir import Builder, DType, Function, Loc, Module, TensorType, Value
+from ..ir.types import Dim, dims_equal
+from .locations import SourceFrame, node_frame
+from .symbols import SymbolTable
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A result Cuvil does not produce (e.g. the saved mean of native_layer_norm); using it is an error."""
+    what: str
+
+
+@dataclass
+class _Const:
+    """A parameter/buffer placeholder; becomes a `cuvil.const` op at its first use."""
+    name: str
+    tensor: torch.Tensor
+    value: Value | None = None
+
+
+def op_name(target) -> str:
+    """`aten.relu.default` for ATen overloads, the function name otherwise."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def bind(target, args: tuple, kwargs: dict) -> list:
+    """An ATen call's arguments in schema order, with defaults filled in."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return list(args)
+    out = []
+    for i, a in enumerate(target._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out.append(args[i])
+        elif a.name in kwargs:
+            out.append(kwargs[a.name])
+        else:
+            out.append(a.default_value if a.has_default_value() else None)
+    return out
+
+
+class Lowering:
+    """What a table row works with: emit ops at the current node's location, read torch's
+    result metadata, make literals, casts and normalised axes."""
+
+    def __init__(self, fn: Function, module: Module, symbols: SymbolTable):
+        self.builder = Builder(fn)
+        self.module = module
+        self.symbols = symbols
+        self.node: torch.fx.Node | None = None
+        self.frame: SourceFrame | None = None
+
+    # -- emitting
+    @property
+    def loc(self) -> Loc | None:
+        return self.frame.loc if self.frame else None
+
+    def op(self, name: str, *operands: Value, **attrs) -> Value:
+        return self.builder.create(name, operands, attrs, self.loc).result
+
+    def multi(self, name: str, operands: list[Value], **attrs) -> list[Value]:
+        return self.builder.create(name, operands, attrs, self.loc).results
+
+    def scalar(self, value, dtype: DType):
+        """A Python number as an attribute value of `dtype`'s kind."""
+        if isinstance(value, sympy.Basic):
+            self.unsupported(f"a symbolic size ({value}) used as a tensor value")
+        return float(value) if dtype.is_float else bool(value) if dtype is DType.bool else int(value)
+
+    def literal(self, value, dtype: DType) -> Value:
+        return self.op("cuvil.literal", value=self.scalar(value, dtype), dtype=dtype)
+
+    def const(self, c: _Const) -> Value:
+        if c.value is None:
+            dtype = self.dtype_of(c.tensor, f"constant '{c.name}'")
+            self.module.constants[c.name] = c.tensor
+            c.value = self.builder.create("cuvil.const", (), {"name": c.name}, None,
+                                          [TensorType(dtype, tuple(c.tensor.shape))]).result
+        return c.value
+
+    def cast(self, v: Value, dtype: DType) -> Value:
+        return v if v.type.dtype is dtype else self.op("cuvil.cast", v, dtype=dtype)
+
+    def tensor(self, x, dtype: DType) -> Value:
+        """A tensor operand of `dtype`: a value cast to it, or a Python scalar as a literal."""
+        return self.cast(x, dtype) if isinstance(x, Value) else self.literal(x, dtype)
+
+    # -- torch's view of the current node
+    def val(self, i: int | None = None):
+        v = self.node.meta["val"]
+        return v if i is None else v[i]
+
+    def out_shape(self, i: int | None = None) -> tuple:
+        return self.symbols.shape(self.val(i))
+
+    def out_dtype(self, i: int | None = None) -> DType:
+        return self.dtype_of(self.val(i), "result")
+
+    def dtype_of(self, t: torch.Tensor, what: str) -> DType:
+        try:
+            return DType.from_torch(t.dtype)
+        except TypeError as e:
+            self.unsupported(f"{what}: {e}")
+
+    def promoted(self, *xs, int_to_float: bool = False) -> DType:
+        """torch's type promotion of values and Python scalars (0-d and n-d tensors weigh differently)."""
+        dummies = [torch.empty((1,) * x.type.rank, dtype=x.type.dtype.torch) if isinstance(x, Value) else x
+                   for x in xs]
+        _, result = elementwise_dtypes(*dummies, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+        if int_to_float and not result.is_floating_point:
+            result = torch.get_default_dtype()
+        return DType.from_torch(result)
+
+    # -- normalisation
+    def torch_dim(self, x) -> Dim:
+        """A torch int or SymInt (from node metadata) as a Cuvil dim. Row arguments are converted already."""
+        return self.symbols.dim(x)
+
+    @staticmethod
+    def axis(d: int, rank: int) -> int:
+        return d + rank if d < 0 else d
+
+    def axes(self, dims, rank: int) -> list[int]:
+        if dims is None:
+            return []
+        return [self.axis(d, rank) for d in ([dims] if isinstance(dims, int) else dims)]
+
+    def error(self, detail: str) -> CuvilUnsupportedOpError:
+        return CuvilUnsupportedOpError(op_name(self.node.target), str(self.frame) if self.frame else None, detail)
+
+    def unsupported(self, detail: str):
+        raise self.error(detail)
+
+
+@dataclass
+class ImportedGraph:
+    module: Module
+    input_names: list[str]
+    symbols: SymbolTable
+    tensor_positions: list[int]   # which of the flattened user inputs are the function's arguments
+
+
+def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
+                 hints: dict[str, dict[int, str]], default_max: int) -> ImportedGraph:
+    _check_outputs(ep)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    user_specs = [s for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
+    tensor_positions = [i for i, s in enumerate(user_specs) if isinstance(s.arg, TensorArgument)]
+    user = [placeholders[user_specs[i].arg.name] for i in tensor_positions]
+    symbols = SymbolTable()
+    for node in user:   # graph inputs are named after the parameters, as the hints are
+        _add_symbols(symbols, ep, node, hints.get(node.name, {}), default_max)
+
+    module = Module()
+    fn = module.add_function(Function(name, [_arg_type(n, symbols) for n in user], [n.name for n in user],
+                                      symbols.ranges))
+    lowering = Lowering(fn, module, symbols)
+    env: dict[torch.fx.Node, Any] = {**dict(zip(user, fn.args)), **_other_inputs(ep, placeholders)}
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            env[node] = _lower(lowering, table, node, env)
+        elif node.op == "output":
+            _return(lowering, env, node)
+        elif node.op != "placeholder":
+            raise CuvilUnsupportedOpError(f"FX {node.op} node", None, f"node '{node.name}'")
+    return ImportedGraph(module, [n.name for n in user], symbols, tensor_positions)
+
+
+def _add_symbols(symbols: SymbolTable, ep, node: torch.fx.Node, hint: dict[int, str], default_max: int) -> None:
+    """Number the input's dynamic dims, with the user's names and the ranges torch.export settled on."""
+    for axis, d in enumerate(node.meta["val"].shape):
+        if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+            vr = ep.range_constraints.get(d.node.expr)
+            lo = int(vr.lower) if vr is not None else 1
+            hi = int(vr.upper) if vr is not None and vr.upper.is_finite else default_max
+            symbols.add(d.node.expr, hint.get(axis), lo, hi)
+
+
+def _arg_type(node: torch.fx.Node, symbols: SymbolTable) -> TensorType:
+    val = node.meta["val"]
+    try:
+        return TensorType(DType.from_torch(val.dtype), symbols.shape(val))
+    except TypeError as e:
+        raise CuvilUnsupportedOpError("input dtype", None, f"input '{node.name}': {e}") from None
+
+
+def _other_inputs(ep, placeholders: dict) -> dict:
+    """Parameters, buffers and lifted constants (as lazily emitted consts); baked-in scalar inputs."""
+    out = {}
+    for spec in ep.graph_signature.input_specs:
+        node = placeholders[spec.arg.name]
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            source = ep.constants if spec.target in ep.constants else ep.state_dict
+            out[node] = _Const(spec.target, source[spec.target].detach())
+        elif isinstance(spec.arg, ConstantArgument):
+            out[node] = spec.arg.value
+        elif not isinstance(spec.arg, TensorArgument):
+            raise CuvilUnsupportedOpError(f"{type(spec.arg).__name__} input", None,
+                                          f"input '{node.name}' ({spec.kind.name.lower()}); Cuvil takes tensors")
+    return out
+
+
+def _return(lowering: Lowering, env: dict, node: torch.fx.Node) -> None:
+    lowering.node, lowering.frame = node, None
+    results = [_operand(lowering, env, a, f"output {i}") for i, a in enumerate(node.args[0])]
+    for i, r in enumerate(results):
+        if not isinstance(r, Value):
+            raise CuvilUnsupportedOpError("non-tensor output", None, f"output {i} is {r!r}; Cuvil returns tensors only")
+    lowering.builder.create("cuvil.return", results)
+
+
+def _check_outputs(ep) -> None:
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind is not OutputKind.USER_OUTPUT:
+            raise CuvilUnsupportedOpError(
+                "mutation", None, f"the model updates '{spec.target}' in place ({spec.kind.name.lower()}); "
+                "Cuvil imports pure inference functions")
+
+
+def _operand(lowering: Lowering, env: dict, a, where: str):
+    """An FX argument with nodes replaced by their Cuvil values (constants materialised on first use)."""
+    if isinstance(a, torch.fx.Node):
+        v = env[a]
+        if isinstance(v, _Const):
+            return lowering.const(v)
+        if isinstance(v, Unavailable):
+            lowering.unsupported(f"{where} uses {v.what}")
+        return v
+    if isinstance(a, (list, tuple)):
+        return type(a)(_operand(lowering, env, x, where) for x in a)
+    return a
+
+
+def _lower(lowering: Lowering, table: dict, node: torch.fx.Node, env: dict):
+    lowering.node, lowering.frame = node, node_frame(node)
+    row = table.get(node.target)
+    if row is None:
+        lowering.unsupported("")
+    args = bind(node.target, _operand(lowering, env, node.args, "an argument"),
+                {k: _operand(lowering, env, v, f"argument '{k}'") for k, v in node.kwargs.items()})
+    try:
+        result = row(lowering, *args)
+    except CuvilVerifyError as e:
+        raise lowering.error(str(e)) from None
+    _check_result(lowering, result)
+    return result
+
+
+def _check_result(lowering: Lowering, result) -> None:
+    """Cuvil's inferred types must equal torch's; a mismatch is a bug in a row or an op's inference."""
+    val = lowering.node.meta.get("val")
+    pairs = zip(result, val) if isinstance(result, (list, tuple)) else [(result, val)]
+    for got, want in pairs:
+        if not isinstance(got, Value) or not isinstance(want, torch.Tensor):
+            continue
+        expect = TensorType(lowering.dtype_of(want, "result"), lowering.symbols.shape(want))
+        same = got.type.dtype is expect.dtype and got.type.rank == expect.rank and all(
+            a == b or dims_equal(a, b) for a, b in zip(got.type.shape, expect.shape))
+        if not same:
+            where = f" at {lowering.frame}" if lowering.frame else ""
+            raise CuvilError(f"internal error importing {op_name(lowering.node.target)}{where}: "
+                             f"Cuvil inferred {got.type}, torch says {expect}")

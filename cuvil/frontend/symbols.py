@@ -1,0 +1,83 @@
+"""torch's symbolic sizes -> Cuvil dimensions.
+
+torch.export names its shape symbols after a hash of their source (`s77`, `s27`). Cuvil renames
+them `s0, s1, ...` in the order they first appear in the inputs (so they print bare inside
+`tensor<s0x512xf32>`), and remembers the user's hint name (`batch`) and range of each.
+torch's integer functions (FloorDiv, CeilDiv, CleanDiv, Mod, PythonMod) become plain sympy with
+`floor` and `Mod`, which is what Cuvil's dimension printer and parser read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+import torch.utils._sympy.functions as tfn
+
+from ..errors import CuvilUnsupportedOpError
+from ..ir.types import Dim, floordiv, norm_dim, sym
+
+
+@dataclass(frozen=True)
+class SymbolInfo:
+    """One dynamic dimension: its Cuvil symbol, the user's name for it, and its range (inclusive)."""
+    symbol: str
+    hint: str | None
+    range: tuple[int, int]
+
+
+class SymbolTable:
+    def __init__(self) -> None:
+        self._map: dict[sympy.Symbol, sympy.Symbol] = {}
+        self.info: dict[str, SymbolInfo] = {}
+
+    def add(self, torch_symbol: sympy.Symbol, hint: str | None, lo: int, hi: int) -> None:
+        if torch_symbol in self._map:
+            return
+        name = f"s{len(self._map)}"
+        self._map[torch_symbol] = sym(name)
+        self.info[name] = SymbolInfo(name, hint, (lo, hi))
+
+    def knows(self, torch_symbol) -> bool:
+        return torch_symbol in self._map
+
+    @property
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        return {name: i.range for name, i in self.info.items()}
+
+    def dim(self, x) -> Dim:
+        """An int, SymInt or torch sympy expression as a Cuvil dimension."""
+        if isinstance(x, bool):
+            raise TypeError("a dimension cannot be a bool")
+        if isinstance(x, int):
+            return x
+        if isinstance(x, torch.SymInt):
+            x = x.node.expr
+        return norm_dim(self._convert(sympy.sympify(x)))
+
+    def shape(self, t: torch.Tensor) -> tuple:
+        return tuple(self.dim(d) for d in t.shape)
+
+    def _convert(self, e):
+        if e.is_Integer:
+            return int(e)
+        if e.is_Symbol:
+            if e not in self._map:
+                raise CuvilUnsupportedOpError(
+                    "data-dependent size", detail=f"size '{e}' depends on tensor values, which Cuvil cannot compile")
+            return self._map[e]
+        args = [self._convert(a) for a in e.args]
+        if e.is_Add:
+            return sympy.Add(*args)
+        if e.is_Mul:
+            return sympy.Mul(*args)
+        if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+            return sympy.Pow(*args)
+        if isinstance(e, (tfn.FloorDiv, tfn.CleanDiv)):
+            return floordiv(*args)
+        if isinstance(e, tfn.CeilDiv):
+            return floordiv(args[0] + args[1] - 1, args[1])
+        if isinstance(e, (tfn.Mod, tfn.PythonMod, sympy.Mod)):
+            return sympy.Mod(*args)
+        raise CuvilUnsupportedOpError("symbolic shape expression",
+                                      detail=f"size '{e}' uses {type(e).__name__}, which Cuvil dims cannot express")

@@ -1,0 +1,403 @@
+"""Layout ops: views (reshape, permute, expand, slice, split, squeeze, unsqueeze, select),
+cat, index_select, gather, triu/tril, cumsum and copy."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..core import OpDef, optional, register_op, required
+from ..types import Dim, DType, TensorType, dims_equal, norm_dim
+from .common import (broadcast_shapes, ceildiv, check_axes, check_axis, dims, is_one, product, promote,
+                     require_integer, shape_str, types_str)
+
+VIEW = frozenset({"injective", "view"})
+
+# An integer slice bound at or above this is "to the end" even when the dim is symbolic (torch
+# writes `x[1:]` as end = 2**63 - 1); symbolic dims are assumed to stay below it.
+OPEN_END = 2 ** 31
+
+
+@register_op
+class ReshapeOp(OpDef):
+    """Reshape to `shape`; one entry may be -1 (inferred, also symbolically)."""
+    name = "cuvil.reshape"
+    operands = ("x",)
+    attrs = {"shape": required("dims")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        shape = dims(attrs["shape"])
+        holes = [i for i, d in enumerate(shape) if d == -1]
+        if len(holes) > 1 or any(isinstance(d, int) and d < -1 for d in shape):
+            raise ValueError(f"shape {shape_str(shape)} may hold one -1 and otherwise sizes >= 0")
+        total = x.numel()
+        if holes:
+            known = product([d for d in shape if d != -1])
+            if known == 0:
+                raise ValueError(f"cannot infer the -1 of {shape_str(shape)} with a zero-size dim")
+            missing = sympy.sympify(total) / known
+            if missing.is_integer is not True:
+                missing = sympy.cancel(missing)
+            if missing.is_integer is not True:
+                raise ValueError(f"cannot reshape {x} to {shape_str(shape)}: {total} is not a multiple of {known}")
+            shape[holes[0]] = norm_dim(missing)
+        elif not dims_equal(product(shape), total):
+            raise ValueError(f"cannot reshape {x} ({total} elements) to {shape_str(shape)}")
+        return [x.with_shape(shape)]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.reshape(attrs["shape"])
+
+
+@register_op
+class PermuteOp(OpDef):
+    """Reorder dims: result dim i is input dim `perm[i]` (transpose is a permute)."""
+    name = "cuvil.permute"
+    operands = ("x",)
+    attrs = {"perm": required("ints")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        perm = attrs["perm"]
+        if sorted(perm) != list(range(x.rank)):
+            raise ValueError(f"perm = {list(perm)} is not a permutation of the {x.rank} dims of {x}")
+        return [x.with_shape(tuple(x.shape[p] for p in perm))]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.permute(attrs["perm"])
+
+
+@register_op
+class ExpandOp(OpDef):
+    """Broadcast to `shape` (new leading dims allowed; -1 keeps a dim)."""
+    name = "cuvil.expand"
+    operands = ("x",)
+    attrs = {"shape": required("dims")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        shape = dims(attrs["shape"])
+        lead = len(shape) - x.rank
+        if lead < 0:
+            raise ValueError(f"cannot expand {x} to fewer dims {shape_str(shape)}")
+        out = []
+        for i, d in enumerate(shape):
+            src = x.shape[i - lead] if i >= lead else None
+            if d == -1 and src is not None:
+                d = src
+            elif (src is not None and not is_one(src) and not dims_equal(src, d)) or (isinstance(d, int) and d < 0):
+                raise ValueError(f"cannot expand {x} to {shape_str(shape)}")
+            out.append(d)
+        return [x.with_shape(out)]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.expand(attrs["shape"])
+
+
+def _clamp_bound(b: Dim, size: Dim) -> Dim:
+    """A slice bound made non-negative and clamped to [0, size] like torch. Where the order of a
+    symbolic bound and size cannot be decided, the bound is taken to lie in range."""
+    if isinstance(b, int) and b < 0:
+        b = norm_dim(sympy.sympify(size) + b)
+    if isinstance(b, int) and isinstance(size, int):
+        return min(max(b, 0), size)
+    if isinstance(b, int) and b >= OPEN_END:
+        return size
+    if (sympy.sympify(size) - b).is_nonpositive:
+        return size
+    return b
+
+
+@register_op
+class SliceOp(OpDef):
+    """`x[start:end:step]` along `dim`; bounds are one-element dims lists and clamp like torch."""
+    name = "cuvil.slice"
+    operands = ("x",)
+    attrs = {"dim": required("int"), "start": optional("dims", [0]), "end": required("dims"),
+             "step": optional("int", 1)}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        dim = check_axis(attrs["dim"], x.rank)
+        step = attrs["step"]
+        if step < 1 or len(attrs["start"]) != 1 or len(attrs["end"]) != 1:
+            raise ValueError(f"slice needs step >= 1 and one-element start and end, got "
+                             f"start = {attrs['start']}, end = {attrs['end']}, step = {step}")
+        size = x.shape[dim]
+        start, end = (_clamp_bound(norm_dim(attrs[k][0]), size) for k in ("start", "end"))
+        span = norm_dim(sympy.sympify(end) - start)
+        length = max(-(-span // step), 0) if isinstance(span, int) else ceildiv(span, step)
+        return [x.with_shape(x.shape[:dim] + (length,) + x.shape[dim + 1:])]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        index = (slice(None),) * attrs["dim"] + (slice(attrs["start"][0], attrs["end"][0], attrs["step"]),)
+        return x[index]
+
+
+@register_op
+class CatOp(OpDef):
+    """Concatenate along `dim`; dtypes promote like torch.cat."""
+    name = "cuvil.cat"
+    operands = ("xs*",)
+    attrs = {"dim": required("int")}
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        if not types:
+            raise ValueError("cat needs at least one operand")
+        first = types[0]
+        dim = check_axis(attrs["dim"], first.rank)
+        for t in types[1:]:
+            if t.rank != first.rank or not all(dims_equal(a, b) for i, (a, b) in enumerate(zip(t.shape, first.shape))
+                                               if i != dim):
+                raise ValueError(f"cat along dim {dim} needs equal other dims, got {types_str(types)}")
+        total = norm_dim(sum((sympy.sympify(t.shape[dim]) for t in types), sympy.Integer(0)))
+        return [TensorType(promote(*types), first.shape[:dim] + (total,) + first.shape[dim + 1:])]
+
+    @staticmethod
+    def evaluate(attrs, *xs):
+        return torch.cat(xs, attrs["dim"])
+
+
+@register_op
+class SplitOp(OpDef):
+    """Split along `dim` into pieces of `sizes` (which add up to the dim); one result per piece."""
+    name = "cuvil.split"
+    operands = ("x",)
+    attrs = {"dim": required("int"), "sizes": required("dims")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        dim = check_axis(attrs["dim"], x.rank)
+        sizes = dims(attrs["sizes"])
+        if not sizes or not dims_equal(norm_dim(sum(map(sympy.sympify, sizes))), x.shape[dim]):
+            raise ValueError(f"sizes {shape_str(sizes)} do not add up to dim {dim} of {x}")
+        return [x.with_shape(x.shape[:dim] + (s,) + x.shape[dim + 1:]) for s in sizes]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return tuple(torch.split(x, attrs["sizes"], attrs["dim"]))
+
+
+@register_op
+class SqueezeOp(OpDef):
+    """Drop the listed dims, each of static size 1."""
+    name = "cuvil.squeeze"
+    operands = ("x",)
+    attrs = {"dims": required("ints")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        axes = check_axes(attrs["dims"], x.rank)
+        if not all(is_one(x.shape[a]) for a in axes):
+            raise ValueError(f"squeezed dims {list(axes)} of {x} must have size 1")
+        return [x.with_shape(tuple(d for i, d in enumerate(x.shape) if i not in axes))]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.squeeze(tuple(attrs["dims"]))
+
+
+@register_op
+class UnsqueezeOp(OpDef):
+    """Insert a dim of size 1 at position `dim` (0..rank)."""
+    name = "cuvil.unsqueeze"
+    operands = ("x",)
+    attrs = {"dim": required("int")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        dim = check_axis(attrs["dim"], x.rank, allow_end=True)
+        return [x.with_shape(x.shape[:dim] + (1,) + x.shape[dim:])]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.unsqueeze(attrs["dim"])
+
+
+@register_op
+class SelectOp(OpDef):
+    """`x[..., index, ...]` at `dim`, dropping that dim (a negative index counts from the end)."""
+    name = "cuvil.select"
+    operands = ("x",)
+    attrs = {"dim": required("int"), "index": required("int")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        dim = check_axis(attrs["dim"], x.rank)
+        size, index = x.shape[dim], attrs["index"]
+        if isinstance(size, int) and not -size <= index < size:
+            raise ValueError(f"index {index} is out of range for dim {dim} of {x}")
+        return [x.with_shape(x.shape[:dim] + x.shape[dim + 1:])]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.select(attrs["dim"], attrs["index"])
+
+
+@register_op
+class IndexSelectOp(OpDef):
+    """Pick entries along `dim` by a 1-d integer `index` tensor."""
+    name = "cuvil.index_select"
+    operands = ("x", "index")
+    attrs = {"dim": required("int")}
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, index = types
+        dim = check_axis(attrs["dim"], x.rank)
+        require_integer(index, "index")
+        if index.rank != 1:
+            raise ValueError(f"index must be 1-d, got {index}")
+        return [x.with_shape(x.shape[:dim] + index.shape + x.shape[dim + 1:])]
+
+    @staticmethod
+    def evaluate(attrs, x, index):
+        return torch.index_select(x, attrs["dim"], index)
+
+
+@register_op
+class IndexOp(OpDef):
+    """`x[i0, i1, ...]` with integer index tensors on the leading dims (torch advanced indexing):
+    the result is the indices' broadcast shape followed by the remaining dims of x."""
+    name = "cuvil.index"
+    operands = ("x", "indices*")
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, *indices = types
+        if not 1 <= len(indices) <= x.rank:
+            raise ValueError(f"cuvil.index needs 1 to {x.rank} index tensors for {x}, got {len(indices)}")
+        for i in indices:
+            require_integer(i, "indices")
+        return [x.with_shape(broadcast_shapes(*indices) + x.shape[len(indices):])]
+
+    @staticmethod
+    def evaluate(attrs, x, *indices):
+        return x[indices]
+
+
+@register_op
+class GatherOp(OpDef):
+    """torch.gather: `out[i][j] = x[index[i][j]][j]` for dim 0; the result has index's shape."""
+    name = "cuvil.gather"
+    operands = ("x", "index")
+    attrs = {"dim": required("int")}
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, index = types
+        check_axis(attrs["dim"], x.rank)
+        if index.dtype is not DType.i64 or index.rank != x.rank:
+            raise ValueError(f"index must be an i64 tensor of the rank of x, got {types_str(types)}")
+        return [x.with_shape(index.shape)]
+
+    @staticmethod
+    def evaluate(attrs, x, index):
+        return torch.gather(x, attrs["dim"], index)
+
+
+class TriangleOp(OpDef):
+    operands = ("x",)
+    attrs = {"diagonal": optional("int", 0)}
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        if x.rank < 2:
+            raise ValueError(f"x must have rank >= 2, got {x}")
+        return [x]
+
+
+@register_op
+class TriuOp(TriangleOp):
+    """Zero the elements below diagonal `diagonal` of the last two dims."""
+    name = "cuvil.triu"
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return torch.triu(x, attrs["diagonal"])
+
+
+@register_op
+class TrilOp(TriangleOp):
+    """Zero the elements above diagonal `diagonal` of the last two dims."""
+    name = "cuvil.tril"
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return torch.tril(x, attrs["diagonal"])
+
+
+@register_op
+class CumsumOp(OpDef):
+    """Running sum along `dim`; integers and bools accumulate in i64 like torch."""
+    name = "cuvil.cumsum"
+    operands = ("x",)
+    attrs = {"dim": required("int")}
+    amp = "never"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        check_axis(attrs["dim"], max(x.rank, 1))
+        return [x if x.dtype.is_float else x.with_dtype(DType.i64)]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return torch.cumsum(x, attrs["dim"])
+
+
+@register_op
+class CopyOp(OpDef):
+    """Materialise a value into a fresh contiguous buffer (clone)."""
+    name = "cuvil.copy"
+    operands = ("x",)
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        return [types[0]]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.clone(memory_format=torch.contiguous_format)

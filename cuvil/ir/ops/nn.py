@@ -1,0 +1,320 @@
+"""Neural-network ops: linear, matmul, conv2d, pooling, normalisations, embedding, attention."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..core import OpDef, optional, register_op, required
+from ..types import DType, TensorType, dims_equal
+from .common import (broadcast_shapes, pair, require_float, require_integer, require_same_dtype, shape_str,
+                     types_str, window_out)
+
+
+def _expect_shape(t: TensorType, shape: tuple, what: str) -> None:
+    if t.rank != len(shape) or not all(dims_equal(a, b) for a, b in zip(t.shape, shape)):
+        raise ValueError(f"{what} must have shape {shape_str(shape)}, got {t}")
+
+
+def _require_rank(t: TensorType, ranks: tuple[int, ...], what: str) -> None:
+    if t.rank not in ranks:
+        raise ValueError(f"{what} must have rank {' or '.join(map(str, ranks))}, got {t}")
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+class NormOp(OpDef):
+    """Shared checks of layer_norm and rms_norm: x float, affine params shaped like the normalised dims."""
+    tags = frozenset({"reduction"})
+    amp = "never"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, *params = types
+        require_float(x, "x")
+        n = attrs["normalized_ndim"]
+        if not 1 <= n <= x.rank:
+            raise ValueError(f"normalized_ndim = {n} must be between 1 and the rank of {x}")
+        for p in params:
+            _expect_shape(p, x.shape[x.rank - n:], "weight and bias")
+        require_same_dtype(types)
+        return [x]
+
+
+@register_op
+class LayerNormOp(NormOp):
+    """Layer normalisation over the last `normalized_ndim` dims."""
+    name = "cuvil.layer_norm"
+    operands = ("x", "weight?", "bias?")
+    attrs = {"normalized_ndim": required("int"), "eps": optional("float", 1e-5)}
+
+    @staticmethod
+    def evaluate(attrs, x, weight=None, bias=None):
+        shape = x.shape[x.dim() - attrs["normalized_ndim"]:]
+        return F.layer_norm(x, shape, weight, bias, attrs["eps"])
+
+
+@register_op
+class RmsNormOp(NormOp):
+    """RMS normalisation over the last `normalized_ndim` dims; `eps` none = the dtype's epsilon."""
+    name = "cuvil.rms_norm"
+    operands = ("x", "weight?")
+    attrs = {"normalized_ndim": required("int"), "eps": optional("float?")}
+
+    @staticmethod
+    def evaluate(attrs, x, weight=None):
+        shape = x.shape[x.dim() - attrs["normalized_ndim"]:]
+        return F.rms_norm(x, shape, weight, attrs["eps"])
+
+
+@register_op
+class BatchNormOp(OpDef):
+    """Batch normalisation with running statistics (inference form); channels are dim 1."""
+    name = "cuvil.batch_norm"
+    operands = ("x", "mean", "var", "weight?", "bias?")
+    attrs = {"eps": optional("float", 1e-5)}
+    amp = "never"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, *stats = types
+        require_float(x, "x")
+        if x.rank < 2:
+            raise ValueError(f"x must have rank 2 or more (N, C, ...), got {x}")
+        for s in stats:
+            _expect_shape(s, (x.shape[1],), "mean, var, weight and bias")
+        require_same_dtype(types)
+        return [x]
+
+    @staticmethod
+    def evaluate(attrs, x, mean, var, weight=None, bias=None):
+        return F.batch_norm(x, mean, var, weight, bias, training=False, eps=attrs["eps"])
+
+
+# ----------------------------------------------------------------------------- matrix products
+
+@register_op
+class LinearOp(OpDef):
+    """`x @ weight.T + bias` with weight `[out, in]`."""
+    name = "cuvil.linear"
+    operands = ("x", "weight", "bias?")
+    tags = frozenset({"opaque"})
+    amp = "always"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, w, *bias = types
+        require_same_dtype(types)
+        if x.rank < 1 or w.rank != 2:
+            raise ValueError(f"linear needs x of rank >= 1 and a 2-d weight, got {types_str(types)}")
+        if not dims_equal(x.shape[-1], w.shape[1]):
+            raise ValueError(f"in-features differ: x {x} against weight {w}")
+        for b in bias:
+            _expect_shape(b, (w.shape[0],), "bias")
+        return [x.with_shape(x.shape[:-1] + (w.shape[0],))]
+
+    @staticmethod
+    def evaluate(attrs, x, weight, bias=None):
+        return F.linear(x, weight, bias)
+
+
+@register_op
+class MatmulOp(OpDef):
+    """torch.matmul: 1-d operands are promoted and squeezed, batch dims broadcast."""
+    name = "cuvil.matmul"
+    operands = ("a", "b")
+    tags = frozenset({"opaque"})
+    amp = "always"
+
+    @staticmethod
+    def infer(types, attrs):
+        a, b = types
+        require_same_dtype(types)
+        if a.rank == 0 or b.rank == 0:
+            raise ValueError(f"matmul operands must have rank >= 1, got {types_str(types)}")
+        a_shape = a.shape if a.rank > 1 else (1,) + a.shape
+        b_shape = b.shape if b.rank > 1 else b.shape + (1,)
+        if not dims_equal(a_shape[-1], b_shape[-2]):
+            raise ValueError(f"contracted dims differ: {a} @ {b}")
+        batch = broadcast_shapes(a.with_shape(a_shape[:-2]), b.with_shape(b_shape[:-2]))
+        rows = (a_shape[-2],) if a.rank > 1 else ()
+        cols = (b_shape[-1],) if b.rank > 1 else ()
+        return [a.with_shape(batch + rows + cols)]
+
+    @staticmethod
+    def evaluate(attrs, a, b):
+        return torch.matmul(a, b)
+
+
+# ----------------------------------------------------------------------------- convolution and pooling
+
+@register_op
+class Conv2dOp(OpDef):
+    """2-d convolution, NCHW, weight `[out, in/groups, kh, kw]`."""
+    name = "cuvil.conv2d"
+    operands = ("x", "weight", "bias?")
+    attrs = {"stride": optional("ints", [1, 1]), "padding": optional("ints", [0, 0]),
+             "dilation": optional("ints", [1, 1]), "groups": optional("int", 1)}
+    tags = frozenset({"opaque"})
+    amp = "always"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, w, *bias = types
+        require_same_dtype(types)
+        _require_rank(x, (4,), "x")
+        _require_rank(w, (4,), "weight")
+        groups = attrs["groups"]
+        out_ch, in_per_group, kh, kw = w.shape
+        if not all(isinstance(d, int) for d in (out_ch, in_per_group, kh, kw)):
+            raise ValueError(f"the weight of a convolution must have a static shape, got {w}")
+        if groups < 1 or out_ch % groups or not dims_equal(x.shape[1], in_per_group * groups):
+            raise ValueError(f"channels of x {x} do not match weight {w} with groups = {groups}")
+        for b in bias:
+            _expect_shape(b, (out_ch,), "bias")
+        stride, padding, dilation = (pair(attrs[k], k) for k in ("stride", "padding", "dilation"))
+        spatial = tuple(window_out(x.shape[2 + i], (kh, kw)[i], stride[i], padding[i], dilation[i], False)
+                        for i in range(2))
+        return [x.with_shape((x.shape[0], out_ch) + spatial)]
+
+    @staticmethod
+    def evaluate(attrs, x, weight, bias=None):
+        return F.conv2d(x, weight, bias, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"])
+
+
+def _pool_params(attrs) -> tuple[tuple[int, int], ...]:
+    kernel = pair(attrs["kernel"], "kernel")
+    stride = pair(attrs["stride"], "stride") if attrs["stride"] else kernel
+    padding = pair(attrs["padding"], "padding")
+    if any(p > k // 2 for p, k in zip(padding, kernel)):
+        raise ValueError(f"padding {list(padding)} must be at most half of kernel {list(kernel)}")
+    return kernel, stride, padding
+
+
+def _pool_shape(x: TensorType, kernel, stride, padding, dilation, ceil_mode) -> list[TensorType]:
+    _require_rank(x, (3, 4), "x")
+    spatial = tuple(window_out(x.shape[x.rank - 2 + i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
+                    for i in range(2))
+    return [x.with_shape(x.shape[:-2] + spatial)]
+
+
+@register_op
+class MaxPool2dOp(OpDef):
+    """2-d max pooling over the last two dims; empty `stride` means `stride = kernel`."""
+    name = "cuvil.max_pool2d"
+    operands = ("x",)
+    attrs = {"kernel": required("ints"), "stride": optional("ints", []), "padding": optional("ints", [0, 0]),
+             "dilation": optional("ints", [1, 1]), "ceil_mode": optional("bool", False)}
+    tags = frozenset({"opaque"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        kernel, stride, padding = _pool_params(attrs)
+        return _pool_shape(types[0], kernel, stride, padding, pair(attrs["dilation"], "dilation"), attrs["ceil_mode"])
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return F.max_pool2d(x, attrs["kernel"], attrs["stride"] or None, attrs["padding"], attrs["dilation"],
+                            attrs["ceil_mode"])
+
+
+@register_op
+class AvgPool2dOp(OpDef):
+    """2-d average pooling over the last two dims; `divisor` none = the window size."""
+    name = "cuvil.avg_pool2d"
+    operands = ("x",)
+    attrs = {"kernel": required("ints"), "stride": optional("ints", []), "padding": optional("ints", [0, 0]),
+             "ceil_mode": optional("bool", False), "count_include_pad": optional("bool", True),
+             "divisor": optional("int?")}
+    tags = frozenset({"opaque"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        require_float(types[0], "x")
+        kernel, stride, padding = _pool_params(attrs)
+        return _pool_shape(types[0], kernel, stride, padding, (1, 1), attrs["ceil_mode"])
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return F.avg_pool2d(x, attrs["kernel"], attrs["stride"] or None, attrs["padding"], attrs["ceil_mode"],
+                            attrs["count_include_pad"], attrs["divisor"])
+
+
+@register_op
+class AdaptiveAvgPool2dOp(OpDef):
+    """Average pooling to a fixed `output_size` over the last two dims."""
+    name = "cuvil.adaptive_avg_pool2d"
+    operands = ("x",)
+    attrs = {"output_size": required("ints")}
+    tags = frozenset({"opaque"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        require_float(x, "x")
+        _require_rank(x, (3, 4), "x")
+        return [x.with_shape(x.shape[:-2] + pair(attrs["output_size"], "output_size"))]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return F.adaptive_avg_pool2d(x, attrs["output_size"])
+
+
+# ----------------------------------------------------------------------------- lookup and attention
+
+@register_op
+class EmbeddingOp(OpDef):
+    """Rows of `weight [num, dim]` picked by integer `indices`: result `indices.shape + [dim]`."""
+    name = "cuvil.embedding"
+    operands = ("weight", "indices")
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        weight, indices = types
+        _require_rank(weight, (2,), "weight")
+        require_integer(indices, "indices")
+        return [weight.with_shape(indices.shape + (weight.shape[1],))]
+
+    @staticmethod
+    def evaluate(attrs, weight, indices):
+        return F.embedding(indices, weight)
+
+
+@register_op
+class SdpaOp(OpDef):
+    """scaled_dot_product_attention on `[..., L, E]` queries; a bool mask keeps, a float mask is added."""
+    name = "cuvil.sdpa"
+    operands = ("q", "k", "v", "mask?")
+    attrs = {"is_causal": optional("bool", False), "scale": optional("float?")}
+    tags = frozenset({"opaque"})
+    amp = "always"
+
+    @staticmethod
+    def infer(types, attrs):
+        q, k, v, *mask = types
+        require_float(q, "q")
+        require_same_dtype([q, k, v])
+        if not q.rank == k.rank == v.rank >= 2:
+            raise ValueError(f"q, k, v must have one rank >= 2, got {types_str(types)}")
+        batch_ok = all(dims_equal(a, b) and dims_equal(a, c) for a, b, c in zip(q.shape[:-2], k.shape, v.shape))
+        if not (batch_ok and dims_equal(q.shape[-1], k.shape[-1]) and dims_equal(k.shape[-2], v.shape[-2])):
+            raise ValueError(f"q, k, v shapes do not fit [..., L, E], [..., S, E], [..., S, Ev]: {types_str(types)}")
+        if mask:
+            if mask[0].dtype not in (DType.bool, q.dtype):
+                raise ValueError(f"mask must be i1 or {q.dtype}, got {mask[0]}")
+            if attrs["is_causal"]:
+                raise ValueError("is_causal and an explicit mask cannot both be given")
+            scores = q.with_shape(q.shape[:-1] + (k.shape[-2],))
+            if not all(map(dims_equal, broadcast_shapes(scores, mask[0]), scores.shape)):
+                raise ValueError(f"mask {mask[0]} does not broadcast to the scores {scores}")
+        return [q.with_shape(q.shape[:-1] + (v.shape[-1],))]
+
+    @staticmethod
+    def evaluate(attrs, q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=attrs["is_causal"],
+                                              scale=attrs["scale"])
+

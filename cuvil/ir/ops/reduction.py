@@ -1,0 +1,159 @@
+"""Reductions over axes (sum, mean, amax, amin, prod, var, argmax, argmin) and softmax."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..core import OpDef, optional, register_op, required
+from ..types import DType, TensorType
+from .common import check_axes, check_axis, require_float, require_not_bool
+
+
+def reduced_shape(x: TensorType, axes: list[int], keepdim: bool) -> tuple:
+    """Shape after reducing `axes` (all axes when empty)."""
+    axes = set(axes) if axes else set(range(x.rank))
+    if keepdim:
+        return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    return tuple(d for i, d in enumerate(x.shape) if i not in axes)
+
+
+def _accumulate(x: TensorType) -> DType:
+    """sum and prod accumulate integers and bools in i64, like torch."""
+    return x.dtype if x.dtype.is_float else DType.i64
+
+
+def _keep(x: TensorType) -> DType:
+    return x.dtype
+
+
+def _float_only(x: TensorType) -> DType:
+    require_float(x, "x")
+    return x.dtype
+
+
+class ReduceOp(OpDef):
+    operands = ("x",)
+    attrs = {"dims": optional("ints", []), "keepdim": optional("bool", False)}
+    tags = frozenset({"reduction"})
+    amp = "never"
+    result_dtype: Callable[[TensorType], DType] = staticmethod(_keep)
+    fn: Callable
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        axes = check_axes(attrs["dims"], x.rank)
+        return [TensorType(cls.result_dtype(x), reduced_shape(x, axes, attrs["keepdim"]))]
+
+    @classmethod
+    def evaluate(cls, attrs, x):
+        return cls.fn(x, tuple(attrs["dims"]), attrs["keepdim"])    # () reduces every axis
+
+
+def reduction(name: str, fn, result_dtype=_keep, amp: str = "never") -> type[OpDef]:
+    cls = type(name.capitalize() + "Op", (ReduceOp,), {
+        "name": f"cuvil.{name}", "fn": staticmethod(fn), "result_dtype": staticmethod(result_dtype),
+        "amp": amp, "__doc__": f"{name} over `dims` (all axes when empty).", "__module__": __name__})
+    return register_op(cls)
+
+
+def _prod(x, axes, keepdim):
+    for a in sorted(axes or range(max(x.dim(), 1)), reverse=True):    # torch.prod takes one axis at a time
+        x = torch.prod(x, a, keepdim=keepdim)
+    return x
+
+
+SumOp = reduction("sum", lambda x, axes, keepdim: torch.sum(x, axes, keepdim=keepdim), _accumulate)
+MeanOp = reduction("mean", lambda x, axes, keepdim: torch.mean(x, axes, keepdim=keepdim), _float_only)
+AmaxOp = reduction("amax", lambda x, axes, keepdim: torch.amax(x, axes, keepdim=keepdim), amp="follow")
+AminOp = reduction("amin", lambda x, axes, keepdim: torch.amin(x, axes, keepdim=keepdim), amp="follow")
+ProdOp = reduction("prod", _prod, _accumulate)
+
+
+@register_op
+class VarOp(OpDef):
+    """Variance over `dims` with `correction` (1 = unbiased)."""
+    name = "cuvil.var"
+    operands = ("x",)
+    attrs = {"dims": optional("ints", []), "correction": optional("float", 1.0), "keepdim": optional("bool", False)}
+    tags = frozenset({"reduction"})
+    amp = "never"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        require_float(x, "x")
+        axes = check_axes(attrs["dims"], x.rank)
+        return [x.with_shape(reduced_shape(x, axes, attrs["keepdim"]))]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        axes = tuple(attrs["dims"]) or None
+        return torch.var(x, axes, correction=attrs["correction"], keepdim=attrs["keepdim"])
+
+
+class ArgReduceOp(OpDef):
+    operands = ("x",)
+    attrs = {"dim": optional("int?"), "keepdim": optional("bool", False)}
+    tags = frozenset({"reduction"})
+    fn: Callable
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        require_not_bool(x, "x")
+        dim = attrs["dim"]
+        axes = [] if dim is None else [check_axis(dim, x.rank)]
+        return [TensorType(DType.i64, reduced_shape(x, axes, attrs["keepdim"]))]
+
+    @classmethod
+    def evaluate(cls, attrs, x):
+        return cls.fn(x, attrs["dim"], keepdim=attrs["keepdim"])
+
+
+@register_op
+class ArgmaxOp(ArgReduceOp):
+    """Index of the largest element along `dim` (of the flattened tensor when `dim` is none)."""
+    name = "cuvil.argmax"
+    fn = staticmethod(torch.argmax)
+
+
+@register_op
+class ArgminOp(ArgReduceOp):
+    """Index of the smallest element along `dim` (of the flattened tensor when `dim` is none)."""
+    name = "cuvil.argmin"
+    fn = staticmethod(torch.argmin)
+
+
+class SoftmaxBase(OpDef):
+    operands = ("x",)
+    attrs = {"dim": required("int")}
+    tags = frozenset({"reduction"})
+    amp = "never"
+    fn: Callable
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        require_float(x, "x")
+        check_axis(attrs["dim"], max(x.rank, 1))
+        return [x]
+
+    @classmethod
+    def evaluate(cls, attrs, x):
+        return cls.fn(x, attrs["dim"])
+
+
+@register_op
+class SoftmaxOp(SoftmaxBase):
+    """softmax along `dim`."""
+    name = "cuvil.softmax"
+    fn = staticmethod(torch.softmax)
+
+
+@register_op
+class LogSoftmaxOp(SoftmaxBase):
+    """log_softmax along `dim`."""
+    name = "cuvil.log_softmax"
+    fn = staticmethod(torch.log_softmax)

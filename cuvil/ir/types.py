@@ -1,0 +1,185 @@
+"""Element types, symbolic dimensions and tensor types of the graph IR.
+
+A dimension is either a Python int or a sympy expression over named positive integer
+symbols (`s0`, `s1`, ...). Ranges of the symbols live on the function (`symbols = {s0 = [1, 4096]}`).
+"""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Union
+
+import sympy
+import torch
+
+
+class DType(enum.Enum):
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    i64 = "i64"
+    i32 = "i32"
+    i8 = "i8"
+    bool = "i1"
+
+    @property
+    def torch(self) -> torch.dtype:
+        return _TO_TORCH[self]
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.f32, DType.f16, DType.bf16)
+
+    @property
+    def itemsize(self) -> int:
+        return _TO_TORCH[self].itemsize
+
+    @staticmethod
+    def from_torch(dt: torch.dtype) -> "DType":
+        try:
+            return _FROM_TORCH[dt]
+        except KeyError:
+            raise TypeError(f"dtype {dt} is not supported by Cuvil "
+                            f"(supported: {', '.join(d.value for d in DType)})") from None
+
+    @staticmethod
+    def from_name(name: str) -> "DType":
+        return _BY_NAME[name]
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_TO_TORCH = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16,
+             DType.i64: torch.int64, DType.i32: torch.int32, DType.i8: torch.int8, DType.bool: torch.bool}
+_FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
+_BY_NAME = {d.value: d for d in DType}
+
+Dim = Union[int, sympy.Expr]
+
+# Symbols print bare inside `tensor<...>` only when they cannot run into the `x` separator
+# (`s0x512`); any other name is parenthesised: `tensor<(batch)x512xf32>`.
+_BARE_SYMBOL = re.compile(r"s[0-9]+")
+
+
+def sym(name: str) -> sympy.Symbol:
+    """The symbol for a named dynamic dimension."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def norm_dim(d) -> Dim:
+    """ints stay ints; sympy integers become ints; other expressions stay symbolic."""
+    if isinstance(d, bool):
+        raise TypeError("a dimension cannot be a bool")
+    if isinstance(d, int):
+        return d
+    d = sympy.sympify(d)
+    if d.is_Integer:
+        return int(d)
+    return d
+
+
+def dim_str(d: Dim) -> str:
+    """Text form of one dimension: `128`, `s0`, `(batch)`, or `(128*s0)` for a compound expression."""
+    if isinstance(d, int):
+        return str(d)
+    if d.is_Symbol and _BARE_SYMBOL.fullmatch(d.name):
+        return d.name
+    return "(" + expr_str(d) + ")"
+
+
+def expr_str(e) -> str:
+    """Print a dimension expression with the operators the parser reads: + - * // % and parens."""
+    if isinstance(e, int):
+        return str(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if e.is_Add:
+        terms = sorted(e.args, key=sympy.default_sort_key)
+        out = _factor_str(terms[0], in_sum=True)
+        for t in terms[1:]:
+            s = _factor_str(t, in_sum=True)
+            out += f" - {s[1:]}" if s.startswith("-") else f" + {s}"
+        return out
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        if coeff.is_Rational and not coeff.is_Integer:
+            raise ValueError(f"dimension expression {e} is not an integer expression")
+        factors = sympy.Mul.make_args(rest)
+        parts = [_factor_str(f) for f in sorted(factors, key=sympy.default_sort_key)]
+        body = "*".join(parts)
+        if coeff == 1:
+            return body
+        if coeff == -1:
+            return "-" + body
+        return f"{int(coeff)}*{body}"
+    if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+        return "*".join([_factor_str(e.base)] * int(e.exp))
+    if isinstance(e, sympy.floor):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        if den.is_Integer:
+            return f"{_factor_str(num)}//{int(den)}"
+    if isinstance(e, sympy.Mod):
+        return f"{_factor_str(e.args[0])}%{_factor_str(e.args[1])}"
+    raise ValueError(f"dimension expression {e} cannot be printed")
+
+
+def _factor_str(e, in_sum: bool = False) -> str:
+    s = expr_str(e)
+    if e.is_Atom or (in_sum and e.is_Mul) or isinstance(e, sympy.Pow):
+        return s
+    return "(" + s + ")"
+
+
+def floordiv(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b
+    return norm_dim(sympy.floor(sympy.sympify(a) / b))
+
+
+def symbols_of(d: Dim) -> set[str]:
+    return set() if isinstance(d, int) else {s.name for s in d.free_symbols}
+
+
+def dims_equal(a: Dim, b: Dim) -> bool:
+    if a == b:
+        return True
+    if isinstance(a, int) and isinstance(b, int):
+        return False
+    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: DType
+    shape: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(norm_dim(d) for d in self.shape))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    def numel(self) -> Dim:
+        n = sympy.Integer(1)
+        for d in self.shape:
+            n = n * d
+        return norm_dim(n)
+
+    def with_shape(self, shape) -> "TensorType":
+        return TensorType(self.dtype, tuple(shape))
+
+    def with_dtype(self, dtype: DType) -> "TensorType":
+        return TensorType(dtype, self.shape)
+
+    def __str__(self) -> str:
+        dims = "".join(dim_str(d) + "x" for d in self.shape)
+        return f"tensor<{dims}{self.dtype}>"

@@ -1,0 +1,265 @@
+"""The `canonicalize` pass: constant folding, algebraic identities and view simplifications,
+applied as op-indexed patterns to a fixpoint. Every pattern keeps results bit-identical (floats
+included: `x + 0.0` stays, since it turns -0.0 into +0.0; `x * 0` folds only for integers, since
+NaN * 0 is NaN)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import CuvilPassError
+from ..ir.core import Module, Operation, Value
+from ..ir.types import DType, TensorType
+from .base import ModulePass
+from .registry import register_pass
+from .rewrite import (ANY_OP, Rewriter, apply_patterns, constant_data, is_pure, producer, same_type, splat_value,
+                      uniform_value)
+
+
+@register_pass
+@dataclass(frozen=True)
+class CanonicalizePass(ModulePass):
+    """Fold constants, apply algebraic identities and simplify view chains, to a fixpoint.
+
+    Identities: x+(-0.0), x-0, x*1, x/1, x*0 (integers), neg(neg x), relu(relu x), cast of an exact
+    cast. Views: reshape of reshape, permute of permute, and no-op reshape/expand/permute/slice/
+    squeeze/unsqueeze pairs and casts to the same dtype."""
+    name = "canonicalize"
+    priority = 100
+    requires = frozenset({"verified"})
+    fold_constants: bool = True
+
+    def run(self, module: Module) -> dict:
+        # Structure first, so that folding sees the simplest chains (a permute of a permute of a
+        # weight becomes the weight, not a folded copy of it).
+        fired = apply_patterns(module, PATTERNS)
+        if self.fold_constants:
+            fired += apply_patterns(module, {**PATTERNS, ANY_OP: [fold_constant]})
+        return {name.replace("_", "-"): n for name, n in sorted(fired.items())}
+
+
+# ----------------------------------------------------------------------------- constant folding
+
+SOURCE_OPS = frozenset({"cuvil.const", "cuvil.literal"})
+
+
+def fold_constant(op: Operation, rw: Rewriter) -> bool:
+    """An op whose operands are all literals or constants with data becomes a literal (rank 0),
+    a full (all elements equal) or a new module constant named after its first constant operand."""
+    if not op.operands or op.name in SOURCE_OPS or not is_pure(op):
+        return False
+    if not all(r.type.is_static for r in op.results):
+        return False
+    data = [constant_data(rw.module, v) for v in op.operands]
+    if any(d is None for d in data):
+        return False
+    try:
+        out = op.opdef.evaluate(op.attrs, *data)
+    except NotImplementedError:
+        return False
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    values = [_materialise(op, r.type, t, rw) for r, t in zip(op.results, outs)]
+    rw.replace(op, values)
+    return True
+
+
+def _materialise(op: Operation, t: TensorType, data: torch.Tensor, rw: Rewriter) -> Value:
+    if tuple(data.shape) != t.shape or data.dtype != t.dtype.torch:
+        raise CuvilPassError(f"folding {op.name}: its reference semantics gave {data.dtype} {list(data.shape)} "
+                             f"but the op declares {t}")
+    if t.rank == 0:
+        return rw.create(op, "cuvil.literal", attrs={"value": data.item(), "dtype": t.dtype}).result
+    value = uniform_value(data)
+    if value is not None:
+        return rw.create(op, "cuvil.full", attrs={"shape": list(t.shape), "value": value, "dtype": t.dtype}).result
+    name = _fresh_constant_name(rw.module, op)
+    rw.module.constants[name] = data.contiguous()
+    return rw.create(op, "cuvil.const", attrs={"name": name}, result_types=[t]).result
+
+
+def _fresh_constant_name(module: Module, op: Operation) -> str:
+    base = next((p.attrs["name"] for p in map(producer, op.operands) if p is not None and p.name == "cuvil.const"),
+                "folded")
+    stem = f"{base}.{op.name.split('.', 1)[1]}"
+    name, n = stem, 1
+    while name in module.constants:
+        name, n = f"{stem}.{n}", n + 1
+    return name
+
+
+# ----------------------------------------------------------------------------- algebra
+
+def _is_zero(v, result: DType, negative: bool) -> bool:
+    """A zero that leaves x unchanged under + (negative=True: -0.0) or - (+0.0) in `result` dtype."""
+    if v is None or v != 0:
+        return False
+    if not result.is_float:
+        return True
+    sign_negative = isinstance(v, float) and math.copysign(1.0, v) < 0
+    return sign_negative == negative
+
+
+def _operand_pairs(op: Operation):
+    """(x, other) pairs to try: both orders for commutative ops, else (lhs, rhs) only."""
+    a, b = op.operands
+    return [(a, b), (b, a)] if op.has_tag("commutative") else [(a, b)]
+
+
+def _replace_if_same(op: Operation, x: Value, rw: Rewriter) -> bool:
+    if not same_type(x.type, op.result.type):
+        return False
+    rw.replace(op, [x])
+    return True
+
+
+def add_zero(op: Operation, rw: Rewriter) -> bool:
+    dt = op.result.type.dtype
+    return any(_is_zero(splat_value(rw.module, z), dt, negative=True) and _replace_if_same(op, x, rw)
+               for x, z in _operand_pairs(op))
+
+
+def sub_zero(op: Operation, rw: Rewriter) -> bool:
+    x, z = op.operands
+    return _is_zero(splat_value(rw.module, z), op.result.type.dtype, negative=False) and _replace_if_same(op, x, rw)
+
+
+def mul_one(op: Operation, rw: Rewriter) -> bool:
+    return any(splat_value(rw.module, one) == 1 and _replace_if_same(op, x, rw) for x, one in _operand_pairs(op))
+
+
+def mul_zero_int(op: Operation, rw: Rewriter) -> bool:
+    t = op.result.type
+    if t.dtype.is_float or not any(splat_value(rw.module, z) == 0 for _, z in _operand_pairs(op)):
+        return False
+    zeros = rw.create(op, "cuvil.full", attrs={"shape": list(t.shape), "value": False if t.dtype is DType.bool else 0,
+                                               "dtype": t.dtype})
+    rw.replace(op, zeros.results)
+    return True
+
+
+def div_one(op: Operation, rw: Rewriter) -> bool:
+    x, one = op.operands
+    return splat_value(rw.module, one) == 1 and _replace_if_same(op, x, rw)
+
+
+def _inner(op: Operation, name: str) -> Operation | None:
+    """The producer of op's first operand if it is a `name` op."""
+    p = producer(op.operands[0])
+    return p if p is not None and p.name == name else None
+
+
+def neg_neg(op: Operation, rw: Rewriter) -> bool:
+    inner = _inner(op, "cuvil.neg")
+    return inner is not None and _replace_if_same(op, inner.operands[0], rw)
+
+
+def relu_relu(op: Operation, rw: Rewriter) -> bool:
+    inner = _inner(op, "cuvil.relu")
+    return inner is not None and _replace_if_same(op, inner.result, rw)
+
+
+# ----------------------------------------------------------------------------- casts
+
+# (from, to) pairs where the cast is exact for every value, so a cast after it sees the original value.
+_EXACT_CASTS = {
+    DType.bool: {DType.i8, DType.i32, DType.i64, DType.f16, DType.bf16, DType.f32},
+    DType.i8: {DType.i32, DType.i64, DType.f16, DType.bf16, DType.f32},
+    DType.i32: {DType.i64},
+    DType.f16: {DType.f32},
+    DType.bf16: {DType.f32},
+}
+
+
+def cast_same(op: Operation, rw: Rewriter) -> bool:
+    x = op.operands[0]
+    return op.attrs["dtype"] == x.type.dtype and _replace_if_same(op, x, rw)
+
+
+def cast_cast(op: Operation, rw: Rewriter) -> bool:
+    inner = _inner(op, "cuvil.cast")
+    if inner is None:
+        return False
+    x = inner.operands[0]
+    if inner.attrs["dtype"] not in _EXACT_CASTS.get(x.type.dtype, ()):
+        return False
+    # float -> int of inf, NaN or out-of-range values is undefined (platform-specific), so two
+    # routes to it need not agree
+    if x.type.dtype.is_float and not op.attrs["dtype"].is_float:
+        return False
+    new = rw.create(op, "cuvil.cast", [x], {"dtype": op.attrs["dtype"]})
+    rw.replace(op, new.results)
+    return True
+
+
+# ----------------------------------------------------------------------------- views
+
+def reshape_noop(op: Operation, rw: Rewriter) -> bool:
+    return _replace_if_same(op, op.operands[0], rw)
+
+
+def reshape_reshape(op: Operation, rw: Rewriter) -> bool:
+    inner = _inner(op, "cuvil.reshape")
+    if inner is None:
+        return False
+    new = rw.create(op, "cuvil.reshape", inner.operands, {"shape": op.attrs["shape"]})
+    rw.replace(op, new.results)
+    return True
+
+
+def permute_identity(op: Operation, rw: Rewriter) -> bool:
+    perm = list(op.attrs["perm"])
+    return perm == list(range(len(perm))) and _replace_if_same(op, op.operands[0], rw)
+
+
+def permute_permute(op: Operation, rw: Rewriter) -> bool:
+    inner = _inner(op, "cuvil.permute")
+    if inner is None:
+        return False
+    composed = [inner.attrs["perm"][i] for i in op.attrs["perm"]]
+    new = rw.create(op, "cuvil.permute", inner.operands, {"perm": composed})
+    rw.replace(op, new.results)
+    return True
+
+
+def expand_noop(op: Operation, rw: Rewriter) -> bool:
+    return _replace_if_same(op, op.operands[0], rw)
+
+
+def slice_whole(op: Operation, rw: Rewriter) -> bool:
+    whole = op.attrs["step"] == 1 and list(op.attrs["start"]) == [0]
+    return whole and _replace_if_same(op, op.operands[0], rw)
+
+
+def squeeze_noop(op: Operation, rw: Rewriter) -> bool:
+    return not op.attrs["dims"] and _replace_if_same(op, op.operands[0], rw)
+
+
+def squeeze_unsqueeze(op: Operation, rw: Rewriter) -> bool:
+    inner = _inner(op, "cuvil.unsqueeze")
+    return (inner is not None and list(op.attrs["dims"]) == [inner.attrs["dim"]]
+            and _replace_if_same(op, inner.operands[0], rw))
+
+
+def unsqueeze_squeeze(op: Operation, rw: Rewriter) -> bool:
+    inner = _inner(op, "cuvil.squeeze")
+    return (inner is not None and list(inner.attrs["dims"]) == [op.attrs["dim"]]
+            and _replace_if_same(op, inner.operands[0], rw))
+
+
+PATTERNS = {
+    "cuvil.add": [add_zero],
+    "cuvil.sub": [sub_zero],
+    "cuvil.mul": [mul_one, mul_zero_int],
+    "cuvil.div": [div_one],
+    "cuvil.neg": [neg_neg],
+    "cuvil.relu": [relu_relu],
+    "cuvil.cast": [cast_same, cast_cast],
+    "cuvil.reshape": [reshape_noop, reshape_reshape],
+    "cuvil.permute": [permute_identity, permute_permute],
+    "cuvil.expand": [expand_noop],
+    "cuvil.slice": [slice_whole],
+    "cuvil.squeeze": [squeeze_noop, squeeze_unsqueeze],
+    "cuvil.unsqueeze": [unsqueeze_squeeze],
+}

@@ -1,0 +1,121 @@
+"""GEMM-based ops (matmul, linear, bmm, conv2d: direct / 1x1 GEMM / im2col) and pooling against
+eager torch, including symbolic batch sizes, broadcasting batch dims, epilogues and thread splits."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuvil.codegen.library import conv_algorithm
+
+from conftest import Graph, T, compile_graphs, run
+
+MATMUL_SHAPES = [((5, 7, 9), (9, 4)), ((3, 5, 7, 9), (5, 9, 4)), ((2, 1, 7, 9), (1, 3, 9, 4)), ((9,), (9, 4)),
+                 ((5, 9), (9,)), ((9,), (9,)), ((4, 9), (3, 2, 9, 5)), ((130, 33), (33, 70))]
+# (in channels, out channels, groups, kernel, stride, padding, dilation)
+CONVS = [(3, 8, 1, 3, 1, 1, 1), (16, 32, 1, 3, 2, 1, 1), (16, 16, 16, 3, 1, 1, 1), (16, 32, 4, 3, 2, 2, 2),
+         (16, 8, 1, 1, 1, 0, 1), (8, 16, 8, 5, 2, 2, 1), (32, 8, 2, 3, 1, 0, 3), (4, 6, 1, 2, 1, 1, 1)]
+POOLS = [(3, 2, 1, 1, False), (2, 2, 0, 1, True), (3, 1, 1, 2, False), (3, 2, 1, 1, True)]
+
+
+def _conv(c, oc, g, k, s, p, d, bias):
+    operands = (lambda x, w, bi: (x, w, bi)) if bias else (lambda x, w: (x, w))
+    return Graph(f"conv_{c}_{oc}_{g}_{k}_{s}_{p}_{d}_{int(bias)}",
+                 lambda b, *a: b("cuvil.conv2d", *operands(*a), stride=[s, s], padding=[p, p], dilation=[d, d],
+                                 groups=g),
+                 [T("s0", c, 11, 13), T(oc, c // g, k, k)] + ([T(oc)] if bias else []))
+
+
+GRAPHS = {
+    **{f"matmul{i}": Graph(f"matmul{i}", lambda b, x, y: b("cuvil.matmul", x, y), [T(*sa), T(*sb)])
+       for i, (sa, sb) in enumerate(MATMUL_SHAPES)},
+    "bmm_symbolic": Graph("bmm_symbolic", lambda b, x, y: b("cuvil.matmul", x, y), [T("s0", 6, 9), T("s0", 9, 4)]),
+    "linear": Graph("linear", lambda b, x, w, bb: b("cuvil.linear", x, w, bb), [T("s0", 20, 64), T(48, 64), T(48)]),
+    "linear_relu": Graph("linear_relu", lambda b, x, w, bb: b("cuvil.relu", b("cuvil.linear", x, w, bb)),
+                         [T("s0", 64), T(48, 64), T(48)]),
+    "linear_nobias": Graph("linear_nobias", lambda b, x, w: b("cuvil.linear", x, w), [T(3, 64), T(48, 64)]),
+    **{f"conv{i}": _conv(*cfg, bias=i % 2 == 0) for i, cfg in enumerate(CONVS)},
+    "conv_silu": Graph("conv_silu", lambda b, x, w, bb: b("cuvil.silu", b("cuvil.conv2d", x, w, bb, padding=[1, 1])),
+                       [T("s0", 16, 9, 9), T(24, 16, 3, 3), T(24)]),
+    **{f"maxpool{i}": Graph(f"maxpool{i}", lambda b, x, k=k, s=s, p=p, d=d, cm=cm: b(
+        "cuvil.max_pool2d", x, kernel=[k, k], stride=[s, s], padding=[p, p], dilation=[d, d], ceil_mode=cm),
+        [T(2, 3, 11, 12)]) for i, (k, s, p, d, cm) in enumerate(POOLS)},
+    **{f"avgpool{i}_{cip}_{div}": Graph(f"avgpool{i}_{cip}_{div}", lambda b, x, k=k, s=s, p=p, cm=cm, cip=cip, div=div: b(
+        "cuvil.avg_pool2d", x, kernel=[k, k], stride=[s, s], padding=[p, p], ceil_mode=cm, count_include_pad=cip,
+        divisor=div), [T(2, 3, 11, 12)])
+       for i, (k, s, p, d, cm) in enumerate(POOLS) for cip in (True, False) for div in (None, 5)},
+    "adaptive": Graph("adaptive", lambda b, x: [b("cuvil.adaptive_avg_pool2d", x, output_size=list(o))
+                                                for o in ((1, 1), (3, 5), (5, 7), (11, 12))], [T("s0", 3, 11, 12)]),
+    "pool_3d_input": Graph("pool_3d_input", lambda b, x: b("cuvil.max_pool2d", x, kernel=[2, 2]), [T(3, 8, 8)]),
+}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_graphs(GRAPHS.values())
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("i", range(len(MATMUL_SHAPES)))
+def test_matmul_shapes_and_batch_broadcasting(compiled, i):
+    sa, sb = MATMUL_SHAPES[i]
+    a, b = rand(*sa), rand(*sb, seed=1)
+    torch.testing.assert_close(run(GRAPHS[f"matmul{i}"], compiled, a, b, split=4), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_bmm_and_linear_with_symbolic_batch(compiled):
+    for n in (1, 5):
+        a, b = rand(n, 6, 9), rand(n, 9, 4, seed=1)
+        torch.testing.assert_close(run(GRAPHS["bmm_symbolic"], compiled, a, b), torch.bmm(a, b))
+        x, w, bias = rand(n, 20, 64), rand(48, 64, seed=1), rand(48, seed=2)
+        torch.testing.assert_close(run(GRAPHS["linear"], compiled, x, w, bias), F.linear(x, w, bias),
+                                   rtol=1e-5, atol=1e-5)
+    x = rand(200, 64)      # 4 row tiles, run as 3 thread chunks
+    torch.testing.assert_close(run(GRAPHS["linear_relu"], compiled, x, w, bias, split=3),
+                               F.relu(F.linear(x, w, bias)), rtol=1e-5, atol=1e-5)
+    assert len(GRAPHS["linear_relu"].kernels) == 1
+    x = rand(3, 64)
+    torch.testing.assert_close(run(GRAPHS["linear_nobias"], compiled, x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("i", range(len(CONVS)))
+def test_conv2d(compiled, i):
+    c, oc, g, k, s, p, d = CONVS[i]
+    x, w, bias = rand(2, c, 11, 13), rand(oc, c // g, k, k, seed=1), rand(oc, seed=2)
+    args = (x, w, bias) if i % 2 == 0 else (x, w)
+    ref = F.conv2d(x, w, bias if i % 2 == 0 else None, s, p, d, g)
+    torch.testing.assert_close(run(GRAPHS[f"conv{i}"], compiled, *args), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_algorithm_choice():
+    chosen = [conv_algorithm(GRAPHS[f"conv{i}"].fn.ops[0]) for i in range(len(CONVS))]
+    assert chosen == ["im2col", "im2col", "direct", "im2col", "gemm", "direct", "im2col", "direct"]
+
+
+def test_conv_epilogue_fuses(compiled):
+    x, w, bias = rand(3, 16, 9, 9), rand(24, 16, 3, 3, seed=1), rand(24, seed=2)
+    assert len(GRAPHS["conv_silu"].kernels) == 1
+    torch.testing.assert_close(run(GRAPHS["conv_silu"], compiled, x, w, bias, split=2),
+                               F.silu(F.conv2d(x, w, bias, padding=1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("i", range(len(POOLS)))
+def test_pooling(compiled, i):
+    k, s, p, d, cm = POOLS[i]
+    x = rand(2, 3, 11, 12)
+    x[0, 0, 0, 0] = float("nan")
+    torch.testing.assert_close(run(GRAPHS[f"maxpool{i}"], compiled, x), F.max_pool2d(x, k, s, p, d, cm),
+                               equal_nan=True)
+    for cip in (True, False):
+        for div in (None, 5):
+            torch.testing.assert_close(run(GRAPHS[f"avgpool{i}_{cip}_{div}"], compiled, x),
+                                       F.avg_pool2d(x, k, s, p, cm, cip, div), equal_nan=True)
+
+
+def test_adaptive_pooling_and_rank3_input(compiled):
+    x = rand(2, 3, 11, 12)
+    for out, size in zip(run(GRAPHS["adaptive"], compiled, x), ((1, 1), (3, 5), (5, 7), (11, 12))):
+        torch.testing.assert_close(out, F.adaptive_avg_pool2d(x, size))
+    x = rand(3, 8, 8)
+    torch.testing.assert_close(run(GRAPHS["pool_3d_input"], compiled, x), F.max_pool2d(x, 2))

@@ -1,0 +1,100 @@
+"""Reentrancy, GIL release and inter-step parallelism of the native engine."""
+import threading
+
+import pytest
+import torch
+from conftest import dag_reference
+
+from cuvil import _native
+
+SPIN_FOREVER = 4_000_000_000  # a few seconds of spinning: only reached when the test is failing
+
+
+@pytest.mark.parametrize("min_chunk_ns", [None, 1])
+def test_two_python_threads_get_bit_identical_results(make_dag, weight, pool_threads, min_chunk_ns):
+    pool_threads(3)
+    exe = make_dag(min_chunk_ns)
+    g = torch.Generator().manual_seed(11)
+    work = {t: [(torch.randn(rows, 64, generator=g), torch.randn(rows, 64, generator=g))
+                for rows in (300, 17, 1000, 64, 5, 513)] for t in range(2)}
+    alone = {t: [exe(a, b) for a, b in work[t]] for t in work}
+    together = {t: [] for t in work}
+    start = threading.Barrier(2)
+
+    def caller(t):
+        start.wait()
+        for _ in range(4):
+            together[t].append([exe(a, b) for a, b in work[t]])
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in work]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in work:
+        for rounds in together[t]:
+            for got, want in zip(rounds, alone[t]):
+                assert all(torch.equal(x, y) for x, y in zip(got, want))
+    a, b = work[0][0]
+    assert torch.equal(alone[0][0][1], dag_reference(a, b, weight)[1])
+
+
+def _spin_engine(jitted, max_iters):
+    code, module = jitted
+    i32 = {"dtype": "i32", "bytes": 4}
+    return _native.Engine(module, {
+        "inputs": 1, "outputs": 2, "arena_bytes": 0,
+        "slots": [{"kind": "input", "index": 0, **i32}, {"kind": "output", "index": 0, **i32},
+                  {"kind": "output", "index": 1, **i32}],
+        "steps": [{"kernel": code.address("spin"), "slots": [0, 1, 2], "dims": [max_iters]}]})
+
+
+def test_gil_is_released_while_kernels_run(jitted):
+    """The kernel waits for a flag that only a Python thread sets, after seeing the kernel start."""
+    engine = _spin_engine(jitted, SPIN_FOREVER)
+    flag, started, seen = (torch.zeros(1, dtype=torch.int32) for _ in range(3))
+
+    def release_kernel():
+        while started.item() == 0:  # needs the GIL while the kernel runs
+            pass
+        flag.fill_(1)
+
+    helper = threading.Thread(target=release_kernel)
+    helper.start()
+    engine.run([flag], [started, seen])
+    helper.join()
+    assert seen.item() == 1
+
+
+def _rendezvous(jitted, max_iters):
+    """Two independent steps: each announces itself and waits for the other."""
+    code, module = jitted
+    i32 = {"dtype": "i32", "bytes": 4}
+    spin = code.address("spin")
+    return _native.Engine(module, {
+        "inputs": 0, "outputs": 4, "arena_bytes": 0,
+        "slots": [{"kind": "output", "index": i, **i32} for i in range(4)],  # flag A, flag B, seen A, seen B
+        "steps": [{"kernel": spin, "slots": [0, 1, 2], "dims": [max_iters]},
+                  {"kernel": spin, "slots": [1, 0, 3], "dims": [max_iters]}]})
+
+
+def test_independent_steps_run_at_the_same_time(jitted, pool_threads):
+    pool_threads(2)
+    outs = [torch.zeros(1, dtype=torch.int32) for _ in range(4)]
+    records = _rendezvous(jitted, SPIN_FOREVER).run([], outs, profile=True)
+    assert [outs[2].item(), outs[3].item()] == [1, 1]  # both saw the other running
+    assert sorted(r[2] for r in records) == [0, 1]  # the calling thread and one pool worker
+
+
+def test_one_thread_runs_steps_one_after_another(jitted, pool_threads):
+    pool_threads(1)
+    outs = [torch.zeros(1, dtype=torch.int32) for _ in range(4)]
+    _rendezvous(jitted, 1_000_000).run([], outs)
+    assert [outs[2].item(), outs[3].item()] == [0, 1]  # step 0 gave up waiting, step 1 found its flag
+
+
+def test_pool_size_is_checked():
+    for bad in (0, -3, 5000):
+        with pytest.raises(ValueError, match=f"set_num_threads: expected 1 to 1024 threads, got {bad}"):
+            _native.set_num_threads(bad)
+    assert _native.get_num_threads() >= 1

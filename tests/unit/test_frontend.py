@@ -1,0 +1,250 @@
+"""Frontend API: dynamic hints, string annotations, source locations and error reporting."""
+import linecache
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil import ir, zoo
+from cuvil.errors import CuvilError, CuvilUnsupportedOpError
+from cuvil.frontend import CuvilExportError, import_model
+from cuvil.frontend.annotations import parse_annotation
+from cuvil.frontend.locations import frames_from_text, user_frame
+
+
+def source_text(loc):
+    return linecache.getline(loc.file, loc.line).strip()
+
+
+# ----------------------------------------------------------------------------- hints and symbols
+
+class AddBias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(8))
+
+    def forward(self, x, y):
+        return x + y + self.bias
+
+
+def test_hints_by_parameter_name_with_ranges_inside():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    r = import_model(AddBias().eval(), (x, y), dynamic={"x": {0: "batch"}, "y": {0: "batch"}, "batch": (2, 32)})
+    fn = r.function
+    assert [str(a.type) for a in fn.args] == ["tensor<s0x8xf32>", "tensor<s0x8xf32>"]
+    assert fn.symbols == {"s0": (2, 32)}
+    assert r.symbol_for("batch") == "s0" and r.input_names == ["x", "y"]
+    assert "bias" in r.module.constants
+
+
+def test_hints_by_position_two_symbols_numbered_in_input_order():
+    class M(nn.Module):
+        def forward(self, a, b):
+            return a @ b
+
+    r = import_model(M(), (torch.randn(3, 5), torch.randn(5, 7)), dynamic=[{0: "rows"}, {1: "cols"}],
+                     ranges={"rows": (1, 10)})
+    assert str(r.function.args[0].type) == "tensor<s0x5xf32>"
+    assert str(r.function.args[1].type) == "tensor<5xs1xf32>"
+    assert r.symbols["s0"].hint == "rows" and r.symbols["s1"].hint == "cols"
+    assert r.function.symbols == {"s0": (1, 10), "s1": (1, 4096)}   # cols: the default range
+    a, b = torch.randn(9, 5), torch.randn(5, 2)
+    torch.testing.assert_close(ir.interpret(r.module, a, b)[0], a @ b)
+
+
+def test_static_import_has_no_symbols():
+    r = import_model(AddBias().eval(), (torch.randn(4, 8), torch.randn(4, 8)))
+    assert r.function.symbols == {} and r.symbols == {}
+    assert str(r.function.args[0].type) == "tensor<4x8xf32>"
+
+
+@pytest.mark.parametrize("dynamic, message", [
+    ({"z": {0: "batch"}}, r"unknown input\(s\) \['z'\]; the inputs are \['x', 'y'\]"),
+    ([{2: "batch"}], "rank 2"),
+    ([{0: "not a name"}], "identifier"),
+    ({"x": {0: "batch"}, "batch": (5, 2)}, "min <= max"),
+    ([None, None, {0: "b"}], "3 dynamic hints for 2 positional inputs"),
+])
+def test_bad_hints_are_clear_errors(dynamic, message):
+    with pytest.raises(CuvilError, match=message):
+        import_model(AddBias().eval(), (torch.randn(4, 8), torch.randn(4, 8)), dynamic=dynamic)
+
+
+def test_training_mode_is_refused():
+    with pytest.raises(CuvilError, match="training mode"):
+        import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))
+
+
+# ----------------------------------------------------------------------------- string annotations
+
+def scaled_matmul(x: "f32[B,512]", w: "f32[512,10]"):
+    return torch.relu(x @ w) * 0.5
+
+
+def test_annotations_are_hints_and_examples():
+    r = import_model(scaled_matmul)
+    fn = r.function
+    assert [str(a.type) for a in fn.args] == ["tensor<s0x512xf32>", "tensor<512x10xf32>"]
+    assert r.symbols["s0"].hint == "B" and r.input_names == ["x", "w"]
+    for batch in (1, 6):
+        x, w = torch.randn(batch, 512), torch.randn(512, 10)
+        torch.testing.assert_close(ir.interpret(r.module, x, w)[0], scaled_matmul(x, w))
+
+
+def test_annotation_must_agree_with_example():
+    with pytest.raises(CuvilError, match=r"parameter 'w' is annotated \"f32\[512,10\]\" but its example has size 11"):
+        import_model(scaled_matmul, (torch.randn(4, 512), torch.randn(512, 11)))
+
+
+@pytest.mark.parametrize("text, dtype, dims", [
+    ("f32[B,512]", "f32", ("B", 512)),
+    (" i64[ batch , seq ] ", "i64", ("batch", "seq")),
+    ("bool[4]", "i1", (4,)),
+    ("f16[]", "f16", ()),
+])
+def test_parse_annotation(text, dtype, dims):
+    ann = parse_annotation(text)
+    assert str(ann.dtype) == dtype and ann.dims == dims
+
+
+@pytest.mark.parametrize("text, message", [
+    ("f32(B,512)", "expected e.g."),
+    ("f31[B]", "unknown dtype 'f31'"),
+    ("f32[B+1]", r"'B\+1' in 'f32\[B\+1\]' is neither an integer nor a name"),
+])
+def test_bad_annotations(text, message):
+    with pytest.raises(CuvilError, match=message):
+        parse_annotation(text)
+
+
+# ----------------------------------------------------------------------------- source locations
+
+def test_locations_point_at_the_users_line():
+    entry = zoo.get("mlp")
+    r = import_model(entry.model, entry.example_inputs, entry.dynamic)
+    linears = [op for op in r.function.ops if op.name == "cuvil.linear"]
+    assert [source_text(op.loc) for op in linears] == [
+        "x = torch.relu(self.fc1(x))", "x = torch.relu(self.fc2(x))", "return self.fc3(x)"]
+    assert all(op.loc.file.endswith("cuvil/zoo.py") for op in linears)
+
+
+def test_locations_reach_helper_methods():
+    entry = zoo.get("transformer")
+    r = import_model(entry.model, entry.example_inputs, entry.dynamic)
+    lines = {source_text(op.loc) for op in r.function.ops if op.name == "cuvil.permute" and op.loc}
+    assert "return t.view(b, s, self.heads, -1).transpose(1, 2)" in lines     # inside split_heads
+
+
+def test_user_frame_skips_torch_frames():
+    trace = ('File "/home/u/model.py", line 12, in forward\n    y = self.fc(x)\n'
+             '  File "/x/site-packages/torch/nn/modules/linear.py", line 134, in forward\n'
+             '    return F.linear(input, self.weight, self.bias)')
+    frames = frames_from_text(trace)
+    assert len(frames) == 2
+    found = user_frame(frames)
+    assert (found.file, found.line, found.code) == ("/home/u/model.py", 12, "y = self.fc(x)")
+    assert str(found) == "/home/u/model.py:12: y = self.fc(x)"
+
+
+# ----------------------------------------------------------------------------- errors
+
+class UsesDet(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        return torch.linalg.det(y)
+
+
+class UsesFFT(nn.Module):
+    def forward(self, x):
+        return torch.fft.fft(x).real
+
+
+@pytest.mark.parametrize("model, text", [(UsesDet(), "return torch.linalg.det(y)"),
+                                         (UsesFFT(), "return torch.fft.fft(x).real")])
+def test_unsupported_op_names_op_and_source_line(model, text):
+    with pytest.raises(CuvilUnsupportedOpError) as info:
+        import_model(model, (torch.randn(3, 4, 4),))
+    err = info.value
+    assert err.op_name.startswith("aten.")
+    assert err.source.startswith(f"{__file__}:") and err.source.endswith(text)
+    assert f"unsupported op '{err.op_name}'" in str(err)
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+def test_export_failure_is_summarised_with_user_line():
+    with pytest.raises(CuvilExportError) as info:
+        import_model(DataDependent(), (torch.randn(4),))
+    err = info.value
+    assert "data-dependent" in err.reason
+    assert err.source.endswith("if x.sum() > 0:") and __file__ in err.source
+    assert len(str(err).splitlines()) <= 12
+
+
+class NeedsAtLeastThree(nn.Module):
+    def forward(self, x):
+        return x[:, :3].reshape(x.shape[0], 3)
+
+
+def test_constraint_violation_explains_the_fix():
+    with pytest.raises(CuvilExportError, match=r"(?s)Constraints violated.*Suggested fixes"):
+        import_model(NeedsAtLeastThree(), (torch.randn(4, 8),), dynamic=[{1: "n"}], ranges={"n": (1, 64)})
+
+
+def test_float64_is_reported_not_crashed():
+    with pytest.raises(CuvilUnsupportedOpError, match="float64"):
+        import_model(lambda x: x + 1, (torch.randn(3, dtype=torch.float64),))
+
+
+class WithScalarArg(nn.Module):
+    def forward(self, x, scale, y):
+        return x * scale + y
+
+
+def test_non_tensor_inputs_are_baked_in_and_skipped():
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    r = import_model(WithScalarArg(), (x, 2.5, y), dynamic=[{0: "batch"}, None, {0: "batch"}])
+    assert r.input_names == ["x", "y"] and r.symbols["s0"].hint == "batch"
+    x, y = torch.randn(6, 3), torch.randn(6, 3)
+    args = r.flatten_inputs(x, 2.5, y)
+    assert len(args) == 2 and args[0] is x and args[1] is y
+    torch.testing.assert_close(r.unflatten(ir.interpret(r.module, *args)), x * 2.5 + y)
+    with pytest.raises(CuvilError, match="does not match the inputs the model was imported with"):
+        r.flatten_inputs(x, y)
+
+
+class KeywordInputs(nn.Module):
+    def forward(self, input_ids, attention_mask=None, scale=None):
+        return input_ids.float() * attention_mask
+
+
+def test_keyword_example_inputs():
+    ids, mask = torch.randint(0, 9, (2, 5)), torch.rand(2, 5)
+    r = import_model(KeywordInputs(), {"attention_mask": mask, "input_ids": ids},
+                     dynamic={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}})
+    assert sorted(r.input_names) == ["attention_mask", "input_ids"]
+    assert {s.hint for s in r.symbols.values()} == {"batch", "seq"}
+    ids, mask = torch.randint(0, 9, (3, 7)), torch.rand(3, 7)
+    args = r.flatten_inputs(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(r.unflatten(ir.interpret(r.module, *args)), ids.float() * mask)
+
+
+def test_zoo_is_deterministic_and_leaves_the_rng_alone():
+    torch.manual_seed(7)
+    before = torch.rand(3)
+    torch.manual_seed(7)
+    a, b = zoo.get("cnn"), zoo.get("cnn")
+    assert torch.equal(torch.rand(3), before)
+    for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert torch.equal(a.example_inputs[0], b.example_inputs[0])
+    assert a.inputs(batch=5)[0].shape == (5, 3, 32, 32)
+    with pytest.raises(ValueError, match="no dimension"):
+        a.inputs(seq=4)
+    with pytest.raises(KeyError, match="available"):
+        zoo.get("resnet9000")
