@@ -1,13 +1,15 @@
 # make demo | make test | make bench: each sets up .venv (and system packages) first.
 SHELL := /bin/bash
-.DEFAULT_GOAL := test
+.DEFAULT_GOAL := venv
 
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-# Re-install only when the package description or the native sources change.
+# Re-install only when the package description, the native sources or the set of Python files
+# change (the editable install maps the files it saw; a folder's mtime changes when one is added).
 STAMP := $(VENV)/.cuvil-installed
 NATIVE := $(shell find native -type f 2>/dev/null)
+PKG_DIRS := $(shell find cuvil cuvil_explorer -type d -not -name __pycache__ 2>/dev/null)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv sysdeps demo test bench
@@ -20,7 +22,7 @@ $(PY):
 # torch first and exactly 2.13.0 (a CPU build on this machine's disk; any other version
 # downloads gigabytes); then the build backend, so the editable install builds without isolation
 # and keeps its CMake tree in build/ between installs.
-$(STAMP): pyproject.toml $(NATIVE) | $(PY)
+$(STAMP): pyproject.toml $(NATIVE) $(PKG_DIRS) | $(PY)
 	$(PIP) install torch==2.13.0
 	$(PY) -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))" \
 	  | xargs -d '\n' $(PIP) install cmake ninja

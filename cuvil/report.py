@@ -49,6 +49,11 @@ class CompileReport:
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(self.dumps())
 
+    def save_html(self, path: str | Path) -> None:
+        """Write one self-contained HTML page (pipeline, graph, summary, IR) viewable without a kernel."""
+        from .report_html import render_report_html
+        Path(path).write_text(render_report_html(self), encoding="utf-8")
+
     @staticmethod
     def from_json(data: dict[str, Any]) -> "CompileReport":
         data = dict(data)

@@ -8,6 +8,7 @@ optimised LLVM IR, for the explain report). Writes are atomic (write to a tempor
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -23,6 +24,7 @@ from .target import Target
 _CODEGEN_SOURCES = ("kernel_ir.py", "kernel_text.py", "llvm_emit.py", "mathlib.py", "jit.py", "target.py")
 
 
+@functools.cache
 def _sources_hash() -> str:
     h = hashlib.sha256()
     here = Path(__file__).parent

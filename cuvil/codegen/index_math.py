@@ -52,7 +52,7 @@ def _split(num, den):
     """num = den * whole + rest, term by term (terms whose quotient is an integer go to `whole`)."""
     whole, rest = [], []
     for t in sympy.Add.make_args(sympy.expand(num)):
-        q = sympy.cancel(t / den)
+        q = t / den     # sympy combines powers and coefficients itself: (512*i0)/512 is i0
         (whole if q.is_integer else rest).append(q if q.is_integer else t)
     return sympy.Add(*whole), sympy.Add(*rest)
 
@@ -78,3 +78,13 @@ def modulo(num, den, known: Bounds):
     if _within(rest, den, known):
         return rest
     return sympy.Mod(rest, den)
+
+
+def broadcast_index(idx, out_shape, in_shape) -> list:
+    """The operand index of a broadcast: right-aligned, size-1 dims read element 0."""
+    lead = len(out_shape) - len(in_shape)
+    return [0 if _is_one(d) and not _is_one(out_shape[lead + k]) else idx[lead + k] for k, d in enumerate(in_shape)]
+
+
+def _is_one(d) -> bool:
+    return isinstance(d, int) and d == 1

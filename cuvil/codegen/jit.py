@@ -62,6 +62,13 @@ class CompiledKernels:
     def unique_functions(self) -> int:
         return len(set(self.symbols.values()))
 
+    def runtime_kernels(self) -> list:
+        """The kernels as `cuvil.runtime.Kernel` records (address, slots, dims, splittable) for
+        `cuvil.runtime.load_module(self, ...)`; this object keeps their code alive."""
+        from ..runtime import Kernel as RuntimeKernel
+        return [RuntimeKernel(name, self.addresses[name], len(k.buffers), len(k.dim_exprs),
+                              k.parallel_loop is not None) for name, k in self.kernels.items()]
+
     def kernel_ir(self, name: str) -> str:
         return print_kernel(self.kernels[name])
 
@@ -131,12 +138,17 @@ def _link_symbols(obj_ir: str) -> dict[str, int]:
     return out
 
 
-def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | None = None,
+DISK_CACHE = "disk"
+
+
+def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | str | None = DISK_CACHE,
                     opt_level: int = 3, timings: dict[str, float] | None = None) -> CompiledKernels:
     """Compile kernels into one object and (for the host target) load it.
 
-    `cache=None` compiles without the disk cache. `timings` may already hold earlier phases
-    (e.g. lowering); the phases of this call are added to it."""
+    `cache`: the on-disk cache in `$CUVIL_CACHE_DIR` by default, an `ObjectCache`, or None for
+    none. `timings` may already hold earlier phases (e.g. lowering); this call's are added."""
+    if cache == DISK_CACHE:
+        cache = ObjectCache()
     kernels = list(kernels)
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
@@ -169,6 +181,16 @@ def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | 
             _load(result)
             timings["load"] = time.perf_counter() - t
     return result
+
+
+def compile_function(fn, groups=None, target: Target | None = None, cache: ObjectCache | str | None = DISK_CACHE):
+    """Lower graph function `fn` (default grouping unless `groups` is given) and compile all its
+    kernels into one module; returns (lowered kernels, CompiledKernels) with `lowering` timed too."""
+    from .lower import lower_function
+    t = time.perf_counter()
+    lowered = lower_function(fn, groups)
+    timings = {"lowering": time.perf_counter() - t}
+    return lowered, compile_kernels([lk.kernel for lk in lowered], target=target, cache=cache, timings=timings)
 
 
 def _compile_object(kernels, symbols, target: Target, opt_level: int, timings: dict) -> CacheEntry:

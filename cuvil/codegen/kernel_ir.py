@@ -78,10 +78,16 @@ class Buffer:
             acc = acc * d
         return tuple(reversed(out))
 
-    def offset(self, index) -> Dim:
-        """Flat element offset of a multi-dimensional index."""
-        return as_index(sum((sympy.sympify(i) * s for i, s in zip(index, self.element_strides())),
-                            sympy.Integer(0)))
+    def offset(self, index) -> tuple[Dim, list]:
+        """Flat element offset of a multi-dimensional index: (the index-expression part, and
+        [(scalar, stride)] for entries that are scalar expressions read from memory)."""
+        static, dynamic = sympy.Integer(0), []
+        for i, stride in zip(index, self.element_strides()):
+            if isinstance(i, Expr):
+                dynamic.append((i, stride))
+            else:
+                static = static + sympy.sympify(i) * stride
+        return as_index(static), dynamic
 
     def numel(self) -> Dim:
         n = sympy.Integer(1)
@@ -125,14 +131,15 @@ class Var(Expr):
 @dataclass(frozen=True)
 class Load(Expr):
     """`buf[index]`; with a mask, reads only where `mask` is true and gives `other` elsewhere
-    (the address is not touched when the mask is false, so out-of-range indices are fine)."""
+    (the address is not touched when the mask is false, so out-of-range indices are fine).
+    An index entry may also be an integer scalar expression (a gather: `%w[%j, i1]`)."""
     buf: Buffer
     index: tuple
     mask: Expr | None = None
     other: Expr | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "index", tuple(as_index(i) for i in self.index))
+        object.__setattr__(self, "index", tuple(_load_index(i) for i in self.index))
         if len(self.index) != self.buf.rank:
             raise ValueError(f"%{self.buf.name} has rank {self.buf.rank} but is indexed with {len(self.index)} "
                              f"indices")
@@ -148,6 +155,14 @@ class Load(Expr):
     @property
     def dtype(self) -> DType:
         return self.buf.dtype
+
+
+def _load_index(i):
+    if isinstance(i, Expr):
+        if i.dtype not in (DType.i64, DType.i32, DType.i8):
+            raise ValueError(f"a scalar used as an index must be an integer, not {i.dtype}")
+        return i
+    return as_index(i)
 
 
 @dataclass(frozen=True)
@@ -509,7 +524,10 @@ class _KernelVerifier:
         elif isinstance(e, Load):
             self.buffer(e.buf, "a load")
             for i in e.index:
-                self.index(i, loops, f"a load from %{e.buf.name}")
+                if isinstance(i, Expr):
+                    self.expr(i, loops, scalars)
+                else:
+                    self.index(i, loops, f"a load from %{e.buf.name}")
             for sub in (e.mask, e.other):
                 if sub is not None:
                     self.expr(sub, loops, scalars)
@@ -533,7 +551,10 @@ def index_names(stmts) -> set[str]:
     def expr(e):
         if isinstance(e, Load):
             for i in e.index:
-                out.update(free_symbols(i))
+                if isinstance(i, Expr):
+                    expr(i)
+                else:
+                    out.update(free_symbols(i))
             for sub in (e.mask, e.other):
                 if sub is not None:
                     expr(sub)

@@ -158,7 +158,8 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names) -> None:
 
 
 def _access(buf: Buffer, index, names: _Names) -> str:
-    return f"%{names(buf.name, 'b')}[{', '.join(index_str(i) for i in index)}]"
+    entries = (expr_str(i, names) if isinstance(i, Expr) else index_str(i) for i in index)
+    return f"%{names(buf.name, 'b')}[{', '.join(entries)}]"
 
 
 def expr_str(e: Expr, names: Callable[[str], str] = lambda n: n) -> str:
@@ -545,7 +546,7 @@ class _Parser:
         if t.kind == "pname":
             if self.toks[self.i + 1].text == "[":
                 buf = self.buffer_ref()
-                return self.build(t, Load, buf, self.index_list("[", "]"))
+                return self.build(t, Load, buf, self.index_list("[", "]", scalars=True))
             self.next()
             var = self.lookup(t.text)
             if var is None:
@@ -571,7 +572,7 @@ class _Parser:
             self.expect("(")
             lt = self.tok
             buf = self.buffer_ref()
-            idx = self.index_list("[", "]")
+            idx = self.index_list("[", "]", scalars=True)
             self.expect(",")
             mask = self.expr()
             self.expect(",")
@@ -611,12 +612,17 @@ class _Parser:
         return self.build(t, Const, value, dt)
 
     # -- index expressions
-    def index_list(self, open_: str, close: str) -> list:
+    def index_list(self, open_: str, close: str, scalars: bool = False) -> list:
+        """Index expressions; with `scalars`, an entry starting with `%` or `cast<` is an integer
+        scalar expression (a load index read from memory)."""
         self.expect(open_)
         out = []
         if not self.at(close):
             while True:
-                out.append(self.index_expr())
+                if scalars and (self.tok.kind == "pname" or (self.at("cast") and self.toks[self.i + 1].text == "<")):
+                    out.append(self.expr())
+                else:
+                    out.append(self.index_expr())
                 if not self.accept(","):
                     break
         self.expect(close)

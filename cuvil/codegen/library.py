@@ -1,5 +1,5 @@
-"""Lowerings of the opaque graph ops: GEMM-based (matmul, linear, conv2d via im2col) and window
-ops (pooling, direct convolution).
+"""Lowerings of the opaque graph ops: GEMM-based (matmul, linear, conv2d via im2col, attention)
+and window ops (pooling, direct convolution).
 
 - Window ops are computed per output element (`WINDOW_OPS[name](lowering, op, idx) -> Expr`): a
   small `Reduce` over the window with masked loads for the padding. They sit in the ordinary loop
@@ -9,9 +9,9 @@ ops (pooling, direct convolution).
   images and groups), and then run the group's epilogue (bias, activation) over the block each
   tile produced, while it is still in cache.
 
-Convolution picks its algorithm per shape (`conv_algorithm`): a direct kernel when the reduction
-per output element is small (depthwise, or in_channels/groups * kh * kw <= 16), a plain GEMM for
-1x1 stride-1 unpadded convolutions, im2col + GEMM otherwise.
+Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
+unpadded ungrouped convolutions, a direct kernel when the reduction per output element is small
+(depthwise, or in_channels/groups * kh * kw <= 16), im2col + GEMM otherwise.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ..errors import CuvilUnsupportedOpError
 from ..ir.core import Operation
 from ..ir.ops.common import pair
 from ..ir.types import DType, norm_dim
-from .index_math import bounds, floor_div, modulo
+from .index_math import bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
 from .scalar_ops import call, cast, const
 
@@ -144,10 +144,10 @@ def conv_algorithm(op: Operation) -> str:
     """direct, gemm (1x1) or im2col: see the module docstring."""
     stride, padding, dilation, groups = _conv_attrs(op)
     out_ch, cin_g, kh, kw = op.operands[1].type.shape
-    if cin_g == 1 or cin_g * kh * kw <= DIRECT_CONV_MAX_REDUCTION:
-        return "direct"
     if (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1:
         return "gemm"
+    if cin_g == 1 or cin_g * kh * kw <= DIRECT_CONV_MAX_REDUCTION:
+        return "direct"
     return "im2col"
 
 
@@ -188,8 +188,8 @@ def _raw_buffer(lw, op):
     return lw.scratch(DType.f32, r.type.shape)
 
 
-def _require_f32(op):
-    for v in op.operands:
+def _require_f32(op, operands=None):
+    for v in operands or op.operands:
         if v.type.dtype != DType.f32:
             raise CuvilUnsupportedOpError(op.name, detail=f"the native GEMM path is f32 only, got {v.type}")
 
@@ -374,13 +374,84 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None):
     lw.loop("p", norm_dim(N * groups * tiles), tile, parallel=True)
 
 
+ATTENTION_ROWS = 64     # query rows per parallel attention tile
+
+
+def sdpa(lw, op):
+    """scaled_dot_product_attention per (batch entry, tile of query rows): scores = scale * Q K^T
+    by GEMM into scratch, masked softmax of each row in place, out = P V by GEMM."""
+    _require_f32(op, op.operands[:3])
+    q, k, v = op.operands[:3]
+    mask = op.operands[3] if len(op.operands) > 3 else None
+    T = _raw_buffer(lw, op)
+    lw.materialized[id(op.result)] = lambda idx: Load(T, idx)
+    *batch, L, E = q.type.shape
+    S, Ev = k.type.shape[-2], v.type.shape[-1]
+    scale = op.attrs["scale"] if op.attrs["scale"] is not None else 1 / math.sqrt(E)
+    tiles = norm_dim(sympy.ceiling(sympy.sympify(L) / ATTENTION_ROWS))
+    n_batch = norm_dim(sympy.Mul(*batch))
+    scores = lw.scratch(DType.f32, [norm_dim(n_batch * tiles), ATTENTION_ROWS, S])
+    Q, K, V = (lw.inputs[id(x)] for x in (q, k, v))
+
+    def tile(p):
+        b, t = _decompose(lw, p, [n_batch, tiles])
+        first = ATTENTION_ROWS * t
+        rows = sympy.Min(ATTENTION_ROWS, L - first) if tiles != 1 else L
+        lw.emit(Gemm(BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E), BufRef(K, b * S * E),
+                     rows, S, E, E, E, S, trans_b=True, alpha=scale))
+        batch_idx = _decompose(lw, b, batch)
+
+        def row(r):
+            i = first + r
+
+            def logit(j):
+                s = Load(scores, [p, r, j])
+                keep = None
+                if op.attrs["is_causal"]:
+                    keep = call("le", Index(j), Index(i))
+                if mask is not None:
+                    m = lw.value(mask, broadcast_index(batch_idx + [i, j], list(batch) + [L, S], mask.type.shape))
+                    if mask.type.dtype == DType.bool:
+                        keep = m if keep is None else call("and", keep, m)
+                    else:
+                        s = call("add", s, cast(m, DType.f32))
+                return s if keep is None else call("select", keep, s, Const(-math.inf, DType.f32))
+            top = lw.reduce("max", [("j", 0, S)], lambda jv: logit(jv[0]), DType.f32)
+
+            def unnormalised(jv):   # exp(logit - max), kept in the scores row for the scaling pass
+                e = lw.let(call("exp", call("sub", logit(jv[0]), top)), "e")
+                lw.emit(Store(scores, [p, r, jv[0]], e))
+                return e
+            total = lw.reduce("sum", [("j", 0, S)], unnormalised, DType.f32)
+            inv = lw.let(call("div", const(1.0, DType.f32), total), "inv")
+            lw.loop("j", S, lambda j: lw.emit(Store(scores, [p, r, j], call("mul", Load(scores, [p, r, j]), inv))))
+        lw.loop("r", rows, row)
+        lw.emit(Gemm(BufRef(T, (b * L + first) * Ev), BufRef(scores, p * ATTENTION_ROWS * S), BufRef(V, b * S * Ev),
+                     rows, Ev, S, S, Ev, Ev))
+        _epilogue(lw, [(i, 1) for i in batch_idx] + [(first, rows), (0, Ev)])
+    lw.loop("p", norm_dim(n_batch * tiles), tile, parallel=True)
+
+
 def conv2d(lw, op):
     return {"gemm": conv2d_gemm, "im2col": conv2d_im2col}[conv_algorithm(op)](lw, op)
 
 
+def cumsum(lw, op, idx):
+    """Running sum, one reduction per output element over the prefix (quadratic in the length of
+    `dim`; cumsum is rare in inference graphs)."""
+    x = op.operands[0]
+    d = op.attrs["dim"]
+    dtype = compute_dtype(op.result.type.dtype)
+    if x.type.rank == 0:
+        return cast(lw.value(x, []), dtype)
+    return lw.reduce("sum", [("c", 0, sympy.sympify(idx[d]) + 1)],
+                     lambda rv: lw.value(x, list(idx[:d]) + [rv[0]] + list(idx[d + 1:])), dtype, "cum")
+
+
 WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
-              "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.conv2d": conv2d_direct}
-LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d}
+              "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.conv2d": conv2d_direct,
+              "cuvil.cumsum": cumsum}
+LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa}
 
 
 def classify(op: Operation) -> str | None:

@@ -82,7 +82,7 @@ class KernelEmitter:
         if k.parallel_loop is not None:
             self.begin, self.end, *dims = dims
             self.begin.name, self.end.name = "begin", "end"
-        for a, name in zip(dims, k.symbols):
+        for a, name in zip(dims, k.symbols + ["extent"]):
             a.name = _llvm_name(name)
             self.indices[sympy.Symbol(name, integer=True, positive=True)] = a
         self.fn = body
@@ -190,8 +190,12 @@ class KernelEmitter:
 
     # -- memory
     def address(self, buf: Buffer, index) -> ir.Value:
-        return self.b.gep(self.bufs[buf.name], [self.index(buf.offset(index))], inbounds=True,
-                          source_etype=MEMORY_TYPES[buf.dtype])
+        static, dynamic = buf.offset(index)
+        offset = self.index(static)
+        for scalar, stride in dynamic:
+            term = self.b.mul(convert(self, self.expr(scalar), scalar.dtype, DType.i64), self.index(stride))
+            offset = self.b.add(offset, term)
+        return self.b.gep(self.bufs[buf.name], [offset], inbounds=True, source_etype=MEMORY_TYPES[buf.dtype])
 
     def load(self, e: Load) -> ir.Value:
         if e.mask is None:
@@ -455,7 +459,7 @@ REDUCERS = {
     ("sum", True): _reduce_float("fadd"), ("prod", True): _reduce_float("fmul"),
     ("max", True): _reduce_float("maximum"), ("min", True): _reduce_float("minimum"),
     ("sum", False): lambda em, acc, v: em.b.add(acc, v), ("prod", False): lambda em, acc, v: em.b.mul(acc, v),
-    ("max", False): lambda em, acc, v: _i("smax")(em, acc, v), ("min", False): lambda em, acc, v: _i("smin")(em, acc, v),
+    ("max", False): _i("smax"), ("min", False): _i("smin"),
 }
 
 

@@ -31,14 +31,15 @@ from ..ir.core import Function, Operation, Value
 from ..ir.ops.common import is_one
 from ..ir.types import DType, dims_equal, norm_dim
 from . import scalar_ops
-from .index_math import Bounds, floor_div, modulo
+from .index_math import Bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var)
 from .scalar_ops import call, cast, const
 
 INLINE_OPS = frozenset({"cuvil.literal", "cuvil.full", "cuvil.arange"})
 REDUCTIONS = frozenset({"cuvil.sum", "cuvil.mean", "cuvil.amax", "cuvil.amin", "cuvil.prod", "cuvil.var",
-                        "cuvil.softmax", "cuvil.log_softmax", "cuvil.layer_norm", "cuvil.rms_norm"})
+                        "cuvil.argmax", "cuvil.argmin", "cuvil.softmax", "cuvil.log_softmax", "cuvil.layer_norm",
+                        "cuvil.rms_norm"})
 SKIP_OPS = frozenset({"cuvil.const", "cuvil.return"})
 
 
@@ -60,45 +61,51 @@ def op_kind(op: Operation) -> str:
         return "view"
     if op.name in scalar_ops.EMITTERS:
         return "elementwise"
+    if op.name in GATHERS:
+        return "gather"
     return classify(op) or "unsupported"
 
 
 def group_elementwise_chains(fn: Function) -> list[list[Operation]]:
-    """Greedy grouping used until the fusion pass lands: every computing op ends up in exactly one
-    group (in program order). A group grows backwards from a sink through producers whose results
-    are used only inside the group: elementwise and view ops, a reduction's prologue, and one
-    GEMM-based op under an elementwise epilogue. Inline constants (literal, full, arange) are
-    recomputed inside the kernels that use them; they get a kernel only when something else needs
-    them in memory (a return, a library op)."""
+    """Greedy grouping used until the fusion pass lands; groups come in program order.
+
+    A group grows backwards from a sink through producers whose results are used only inside the
+    group: elementwise ops, window ops, a reduction's prologue, and one GEMM-based op under an
+    elementwise epilogue of its shape. Views and inline constants (literal, full, arange) cost
+    nothing to recompute, so they join every group that reads them; they are a group of their
+    own only when something needs them in memory (a return, a GEMM operand)."""
     ops = [op for op in fn.ops if op.name not in SKIP_OPS]
     member: dict[int, int] = {}
     groups: list[list[Operation]] = []
     for sink in reversed(ops):
-        if id(sink) in member:
-            continue
         kind = op_kind(sink)
-        if kind == "inline" and not _needs_memory(sink):
+        if id(sink) in member or (kind in REMATERIALIZED and not _needs_memory(sink)):
             continue
-        group = [sink]
+        group, ids = [sink], {id(sink)}
         member[id(sink)] = len(groups)
         has_library = kind == "library"
         frontier = [] if kind in ("library", "unsupported") else list(sink.operands)
         while frontier:
-            v = frontier.pop()
-            p = v.owner
-            if isinstance(p, Function) or id(p) in member or p.name in SKIP_OPS:
+            p = frontier.pop().owner
+            if isinstance(p, Function) or id(p) in ids or p.name in SKIP_OPS:
                 continue
             pkind = op_kind(p)
-            inside = all(id(u) in member and member[id(u)] == len(groups) for r in p.results for u in r.uses)
-            absorb = inside and (
-                pkind in ("elementwise", "view", "window")
-                or (pkind == "library" and not has_library and kind in ("elementwise", "view")
-                    and all(dims_equal(a, b) for a, b in zip(p.result.type.shape, sink.results[0].type.shape))
-                    and p.result.type.rank == sink.results[0].type.rank))
+            if pkind in REMATERIALIZED:
+                absorb = True
+            elif id(p) in member:
+                absorb = False
+            else:
+                absorb = _used_only_in(p, ids, sink) and (
+                    pkind in ("elementwise", "window", "gather")
+                    or (pkind == "library" and not has_library and kind in ("elementwise", "view")
+                        and p.result.type.rank == sink.results[0].type.rank
+                        and all(map(dims_equal, p.result.type.shape, sink.results[0].type.shape))))
             if not absorb:
                 continue
             group.append(p)
-            member[id(p)] = len(groups)
+            ids.add(id(p))
+            if pkind not in REMATERIALIZED:
+                member[id(p)] = len(groups)
             if pkind == "library":
                 has_library = True
             else:
@@ -108,6 +115,16 @@ def group_elementwise_chains(fn: Function) -> list[list[Operation]]:
     out = [sorted(g, key=lambda op: order[id(op)]) for g in groups]
     out.sort(key=lambda g: order[id(g[-1])])
     return out
+
+
+REMATERIALIZED = frozenset({"inline", "view"})
+
+
+def _used_only_in(op: Operation, ids: set[int], sink: Operation) -> bool:
+    """Every use of op's results is in the group, also through views the group recomputes (a view
+    in the group may be recomputed in other groups too, which would then need op in memory)."""
+    return all(id(u) in ids and (u is sink or op_kind(u) not in REMATERIALIZED or _used_only_in(u, ids, sink))
+               for r in op.results for u in r.uses)
 
 
 def _needs_memory(op: Operation) -> bool:
@@ -188,10 +205,35 @@ VIEWS: dict[str, Callable] = {
 }
 
 
-def broadcast_index(idx, out_shape, in_shape) -> list:
-    """The operand index of a broadcast: right-aligned, size-1 dims read element 0."""
-    lead = len(out_shape) - len(in_shape)
-    return [0 if is_one(d) and not is_one(out_shape[lead + k]) else idx[lead + k] for k, d in enumerate(in_shape)]
+def _embedding(op, idx):
+    weight, indices = op.operands
+    return weight, [(indices, idx[:-1]), idx[-1]]
+
+
+def _index_select(op, idx):
+    x, index = op.operands
+    d = op.attrs["dim"]
+    return x, list(idx[:d]) + [(index, [idx[d]])] + list(idx[d + 1:])
+
+
+def _gather_op(op, idx):
+    x, index = op.operands
+    d = op.attrs["dim"]
+    return x, list(idx[:d]) + [(index, list(idx))] + list(idx[d + 1:])
+
+
+def _advanced_index(op, idx):
+    x, *indices = op.operands
+    out_shape = op.results[0].type.shape
+    batch = len(out_shape) - (x.type.rank - len(indices))
+    picks = [(t, broadcast_index(idx[:batch], out_shape[:batch], t.type.shape)) for t in indices]
+    return x, picks + list(idx[batch:])
+
+
+# (table, index entries) of a gather at an output index; an entry is an index expression or
+# (index tensor, the index to read it at)
+GATHERS: dict[str, Callable] = {"cuvil.embedding": _embedding, "cuvil.index_select": _index_select,
+                                "cuvil.gather": _gather_op, "cuvil.index": _advanced_index}
 
 
 # ----------------------------------------------------------------------------- the lowering
@@ -202,12 +244,6 @@ class LoweredKernel:
     ops: list[Operation]
     kernel: Kernel
     values: list[Value | None]
-
-
-@dataclass
-class _Reduction:
-    """The scalars a reduction op produced in the current outer iteration."""
-    vars: dict
 
 
 class GroupLowering:
@@ -230,7 +266,7 @@ class GroupLowering:
         self.materialized: dict[int, Callable] = {}
         self.blocks: list[list] = [[]]
         self.memo: list[dict] = [{}]
-        self.reductions: dict[int, _Reduction] = {}
+        self.reductions: dict[int, dict[str, Var]] = {}   # op -> scalars it made in this outer iteration
         self.known: Bounds = {}
         self.mask: Expr | None = None
         self._names = itertools.count()
@@ -244,6 +280,8 @@ class GroupLowering:
                     self.inputs[id(v)] = self._buffer(v, "in")
         returned = {id(v) for v in self.fn.return_op.operands}
         for op in self.ops:
+            if op_kind(op) in REMATERIALIZED and op is not self.ops[-1]:
+                continue    # recomputed by every group that reads it; stored only by its own group
             for r in op.results:
                 if id(r) in returned or any(id(u) not in self.members for u in r.uses):
                     self.outputs[id(r)] = (r, self._buffer(r, "out"))
@@ -251,7 +289,7 @@ class GroupLowering:
             raise CuvilVerifyError(f"group {self.name}: no op result is used outside the group")
 
     def _is_source(self, v: Value) -> bool:
-        """Read from memory: function arguments and values of ops outside the group (except inline constants)."""
+        """Read from memory: arguments and values of ops outside the group (but inline constants)."""
         return isinstance(v.owner, Function) or (id(v.owner) not in self.members and v.owner.name not in INLINE_OPS)
 
     def _buffer(self, v: Value, role: str) -> Buffer:
@@ -345,6 +383,8 @@ class GroupLowering:
             return self._elementwise(op, idx)
         if kind == "view":
             return self._view(op, v, idx)
+        if kind == "gather":
+            return self._gather(op, idx)
         if kind == "reduction":
             return self._reduction_value(op, idx)
         from .library import WINDOW_OPS
@@ -418,14 +458,39 @@ class GroupLowering:
             result = piece if result is None else call("select", inside, piece, result)
         return result
 
+    def _gather(self, op: Operation, idx) -> Expr:
+        """A load whose index is read from an index tensor. Indices outside the table give NaN
+        (0 for integer tables) instead of reading outside the buffer (torch raises there)."""
+        table, picks = GATHERS[op.name](op, idx)
+        if not self._is_source(table):
+            raise CuvilUnsupportedOpError(op.name, _where(op), "the table must be a weight or an input of the kernel")
+        buf = self.inputs[id(table)]
+        index, inside = [], []
+        for k, entry in enumerate(picks):
+            if isinstance(entry, tuple):          # (index tensor, its index): a dynamic entry
+                j = cast(self.value(*entry), DType.i64)
+                size = Index(table.type.shape[k])
+                if op.name == "cuvil.index":      # advanced indexing counts negative indices from the end
+                    j = call("select", call("lt", j, const(0, DType.i64)), call("add", j, size), j)
+                j = self.let(j, "j") if not isinstance(j, (Var, Const)) else j
+                inside.append(call("and", call("ge", j, const(0, DType.i64)), call("lt", j, size)))
+                index.append(j)
+            else:
+                index.append(entry)
+        mask = inside[0]
+        for m in inside[1:]:
+            mask = call("and", mask, m)
+        other = Const(float("nan") if buf.dtype.is_float else 0, buf.dtype)
+        return cast(Load(buf, index, mask, other), compute_dtype(buf.dtype))
+
     # -- reductions
     def _reduction_value(self, op: Operation, idx) -> Expr:
-        state = self.reductions.get(id(op))
-        if state is None:
+        scalars = self.reductions.get(id(op))
+        if scalars is None:
             raise CuvilVerifyError(f"group {self.name}: {op.name} is used outside its reduction loop", op)
-        if op.name in ("cuvil.softmax", "cuvil.log_softmax", "cuvil.layer_norm", "cuvil.rms_norm"):
-            return REDUCTION_EPILOGUES[op.name](self, op, state.vars, idx)
-        return state.vars["result"]
+        if op.name in REDUCTION_EPILOGUES:
+            return REDUCTION_EPILOGUES[op.name](self, op, scalars, idx)
+        return scalars["result"]
 
     # -- building the kernel
     def lower(self) -> LoweredKernel:
@@ -512,7 +577,7 @@ class GroupLowering:
                     idx.append(next(it_i) if k in axes else next(it_o))
                 return idx
             for r in reductions:
-                self.reductions[id(r)] = _Reduction(REDUCTION_BODIES[r.name](self, r, axes, full, full_index))
+                self.reductions[id(r)] = REDUCTION_BODIES[r.name](self, r, axes, full, full_index)
             self._store_reduction_outputs(reductions, full, axes, outer_idx, full_index)
         if outer_axes:
             self.iterate([full[k] for k in outer_axes], body, outer_only=True)
@@ -527,7 +592,7 @@ class GroupLowering:
                 continue
             rank = v.type.rank
             if rank == len(full):       # keepdim: reduced axes are 1
-                idx = [0 if k in axes else e for k, e in zip(range(rank), _spread(outer_idx, axes, rank))]
+                idx = full_index([0] * len(axes))
             elif rank == len(full) - len(axes):
                 idx = list(outer_idx)
             else:
@@ -547,12 +612,6 @@ class GroupLowering:
             nest(0, [])
 
 
-def _spread(outer_idx, axes, rank):
-    """Outer indices placed at the non-reduced positions of a rank-`rank` index (None elsewhere)."""
-    it = iter(outer_idx)
-    return [None if k in axes else next(it) for k in range(rank)]
-
-
 def _where(op: Operation) -> str | None:
     return f"{op.loc.file}:{op.loc.line}" if op.loc else None
 
@@ -566,6 +625,8 @@ def reduction_space(op: Operation) -> tuple[tuple, list[int]]:
         return x.shape, [op.attrs["dim"]] if x.rank else []
     if op.name in ("cuvil.layer_norm", "cuvil.rms_norm"):
         return x.shape, list(range(x.rank - op.attrs["normalized_ndim"], x.rank))
+    if op.name in ("cuvil.argmax", "cuvil.argmin"):
+        return x.shape, list(range(x.rank)) if op.attrs["dim"] is None else [op.attrs["dim"]]
     return x.shape, sorted(op.attrs["dims"]) or list(range(x.rank))
 
 
@@ -632,6 +693,15 @@ def _var(lw, op, axes, full, full_index):
 def _softmax(lw, op, axes, full, full_index):
     dtype = compute_dtype(op.results[0].type.dtype)
     m = _fold(lw, "max", op.operands[0], axes, full, full_index, dtype)
+    out = lw.outputs.get(id(op.result))
+    if op.name == "cuvil.softmax" and out is not None and out[1].dtype == DType.f32:
+        # the sum pass keeps exp(x - max) in the output; the store pass only scales it
+        def exp_kept(vars):
+            e = lw.let(call("exp", call("sub", cast(lw.value(op.operands[0], full_index(vars)), dtype), m)), "e")
+            lw.emit(Store(out[1], full_index(vars), e))
+            return e
+        s = lw.reduce("sum", _ranges(axes, full), exp_kept, dtype)
+        return {"kept": out[1], "inv": lw.let(call("div", const(1.0, dtype), s), "inv")}
     s = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype, lambda e: call("exp", call("sub", e, m)))
     if op.name == "cuvil.log_softmax":
         return {"max": m, "shift": lw.let(call("add", m, call("log", s)), "shift")}
@@ -655,7 +725,30 @@ def _rms_norm(lw, op, axes, full, full_index):
     return {"rstd": lw.let(call("rsqrt", call("add", ms, const(eps, dtype))), "rstd")}
 
 
+def _arg(kind):
+    """argmax/argmin: the extreme value, then the first flat position holding it (NaN counts as
+    the extreme, like torch)."""
+    def body(lw, op, axes, full, full_index):
+        x = op.operands[0]
+        dtype = compute_dtype(x.type.dtype)
+        best = _fold(lw, kind, x, axes, full, full_index, dtype)
+        sizes = [full[k] for k in axes]
+
+        def position(vars):
+            v = cast(lw.value(x, full_index(vars)), dtype)
+            hit = call("eq", v, best)
+            if dtype.is_float:
+                hit = call("or", hit, call("and", call("ne", v, v), call("ne", best, best)))
+            flat = sympy.Integer(0)
+            for var, size in zip(vars, sizes):
+                flat = flat * size + var
+            return call("select", hit, Index(flat), const(2 ** 62, DType.i64))
+        return {"result": lw.reduce("min", _ranges(axes, full), position, DType.i64, "arg")}
+    return body
+
+
 REDUCTION_BODIES: dict[str, Callable] = {
+    "cuvil.argmax": _arg("max"), "cuvil.argmin": _arg("min"),
     "cuvil.sum": _simple("sum"), "cuvil.prod": _simple("prod"), "cuvil.amax": _simple("max"),
     "cuvil.amin": _simple("min"), "cuvil.mean": _mean, "cuvil.var": _var, "cuvil.softmax": _softmax,
     "cuvil.log_softmax": _softmax, "cuvil.layer_norm": _layer_norm, "cuvil.rms_norm": _rms_norm,
@@ -663,6 +756,8 @@ REDUCTION_BODIES: dict[str, Callable] = {
 
 
 def _softmax_out(lw, op, vars, idx):
+    if "kept" in vars:
+        return call("mul", Load(vars["kept"], idx), vars["inv"])
     x = cast(lw.value(op.operands[0], idx), compute_dtype(op.results[0].type.dtype))
     if op.name == "cuvil.log_softmax":
         return call("sub", x, vars["shift"])
@@ -688,7 +783,10 @@ REDUCTION_EPILOGUES: dict[str, Callable] = {
 # ----------------------------------------------------------------------------- entry points
 
 def lower_group(fn: Function, ops: list[Operation], name: str) -> LoweredKernel:
-    """Lower one group of ops of `fn` to one kernel."""
+    """Lower one group of ops of `fn` to one kernel. Results used outside the group become output
+    buffers, except those of views and inline constants that are not the group's last op: those
+    are recomputed wherever they are read (`group_elementwise_chains` gives them their own group
+    when they must be in memory)."""
     return GroupLowering(fn, ops, name).lower()
 
 

@@ -114,9 +114,9 @@ class Ops:
         return self.b.fdiv(x, y)
 
     def to_int(self, x):
-        """Round-trip-safe float -> int (saturating, NaN -> 0)."""
-        f = intrinsic(self.module, "fptosi.sat", self.ity, [self.ty], [self.ity, self.ty])
-        return self.b.call(f, [x])
+        """Float -> int for a value the caller has made integral, in range and not NaN (a plain
+        fptosi vectorises to one instruction; the saturating form does not)."""
+        return self.b.fptosi(x, self.ity)
 
     def pow2(self, n):
         """2^n as a float for an integer n inside the normal exponent range."""
@@ -193,7 +193,6 @@ def _sigmoid(o: Ops, x):
 
 def _sincos_f64(o: Ops, xd, want_cos: bool):
     """sin or cos of an f64 with |x| < 2^20 * pi/2 (Cody-Waite reduction, exact there)."""
-    b = o.b
     n = o.unary("roundeven", o.mul(xd, o.c(0.6366197723675814)))
     r = o.fma(n, o.c(-PIO2[0]), xd)
     r = o.fma(n, o.c(-PIO2[1]), r)

@@ -27,7 +27,7 @@ _TO_EOL = re.compile(r"[^\r\n]*")
 _TYPE_BODY = re.compile(r"[^>\r\n]*>")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _STRING_CHUNK = re.compile(r'[^"\\\x00-\x1f\x7f-\x9f]+')
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")   # shown as '?' in an error's source line
 _PUNCT = frozenset("()[]{},:=*+-<>")
 _ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
@@ -74,7 +74,7 @@ class Source:
 
     def error(self, message: str, offset: int) -> CuvilParseError:
         line, col = self.position(offset)
-        shown = _CONTROL.sub(lambda m: " " if m.group() == "\t" else "?", self.line_text(line))
+        shown = _UNSHOWABLE.sub(lambda m: " " if m.group() == "\t" else "?", self.line_text(line))
         return CuvilParseError(message, line, col, shown, self.filename)
 
 

@@ -167,10 +167,10 @@ class _Parser:
         for tok, v in zip(arg_toks, fn.args):
             self.values[tok.value] = (v, tok.start)
         while not self.tok.is_punct("}"):
-            if self.tok.kind == "eof":
+            if self.tok.kind == "eof" or self.tok.is_ident("cuvil.func"):
                 line, col = self.src.position(open_brace.start)
-                raise self.error(f"expected '}}' to close @{name} (opened at {line}:{col}), got end of input",
-                                 self.tok)
+                raise self.error(f"expected '}}' to close @{name} (opened at {line}:{col}), got "
+                                 f"{self.tok.describe()}", self.tok)
             self.parse_op(fn)
         close = self.advance()
         self.check_return(fn, results, close)
@@ -533,7 +533,7 @@ class _Parser:
                 factors += rhs
             else:
                 factors = [self.combine(op, self.product(factors), self.product(rhs))]
-        return factors[0] if len(factors) == 1 else self.product(factors)
+        return self.product(factors)
 
     def parse_dim_factor(self, depth: int) -> list:
         """A unary '-'* then an atom, as factors: `-s0` is [-1, s0], `-3` is [-3]."""

@@ -140,13 +140,14 @@ class NumericCheck(Instrument):
     """Runs the module through the reference interpreter after every pass that changed it and compares
     with the input module's results; raises naming the first pass whose results differ beyond
     `rtol`/`atol` (as `torch.allclose`). Inputs are given, or random (floats ~ N(0,1), ints in
-    [0, 4), bools) with every dynamic dim set to `symbol_values[name]` or to its range's lower bound
-    clamped up to 3 if the range allows."""
+    [0, 4), bools) with every dynamic dim set to `symbol_values[name]`, else to 3 clamped into the
+    symbol's range."""
 
     def __init__(self, inputs: Sequence[torch.Tensor] | None = None, rtol: float = 1e-5, atol: float = 1e-6,
                  seed: int = 0, symbol_values: dict[str, int] | None = None, function: str | None = None,
                  raise_on_mismatch: bool = True):
-        self.inputs = list(inputs) if inputs is not None else None
+        self.given_inputs = list(inputs) if inputs is not None else None
+        self.inputs: list[torch.Tensor] = []     # what the last run used
         self.rtol, self.atol, self.seed = rtol, atol, seed
         self.symbol_values = dict(symbol_values or {})
         self.function = function
@@ -155,8 +156,7 @@ class NumericCheck(Instrument):
 
     def run_start(self, module, pipeline):
         self.first_failure = None
-        if self.inputs is None:
-            self.inputs = random_inputs(module, self.function, self.seed, self.symbol_values)
+        self.inputs = self.given_inputs or random_inputs(module, self.function, self.seed, self.symbol_values)
         self._reference = self._evaluate(module)
 
     def _evaluate(self, module: Module) -> list[torch.Tensor]:

@@ -1,7 +1,8 @@
 """The pass manager: runs a pipeline over a module, checks preconditions, drives the instruments.
 
 Preconditions are named conditions ("verified", "shapes-inferred"). The set that holds starts from
-`assume` (what the caller knows of its input: the frontend's modules are verified, for instance),
+`assume` (what the caller knows of its input); an input that is not known to be verified is verified
+before the first pass that requires it, if no pass ran before. The set
 grows by each pass's `provides` and shrinks by its `invalidates`. A pass whose `requires` are not
 all in the set is refused with an error that names the pass, the missing condition and the passes
 that provide it. Passes are expected to keep the IR valid (the VerifyEach instrument checks).
@@ -12,6 +13,7 @@ from typing import Iterable, Sequence
 
 from ..errors import CuvilError
 from ..ir.core import Module
+from ..ir.verifier import verify
 from .base import ModulePass, PassRecord
 from .instruments import ChangeDetector, Instrument, WallTime, debug_instruments, debug_level, pass_error
 from .pipeline import Pipeline
@@ -44,7 +46,7 @@ class PassManager:
         for p in self.pipeline:
             record = PassRecord(p.name, p.options(), p.spec())
             records.append(record)
-            record.skipped = self._skip_reason(p, module, instruments, established)
+            record.skipped = self._skip_reason(p, module, instruments, established, records[:-1])
             if record.skipped is not None:
                 for inst in instruments:
                     inst.skipped(p, module, record)
@@ -57,10 +59,13 @@ class PassManager:
         return records
 
     def _skip_reason(self, p: ModulePass, module: Module, instruments: list[Instrument],
-                     established: set[str]) -> str | None:
+                     established: set[str], records: list[PassRecord]) -> str | None:
         for inst in instruments:
             if not inst.should_run(p, module):
                 return f"instrument {type(inst).__name__}"
+        if "verified" in p.requires - established and all(r.skipped for r in records):
+            verify(module)   # like mlir-opt, an unverified input is verified before the first pass needing it
+            established.add("verified")
         missing = sorted(p.requires - established)
         if missing:
             raise pass_error(p, f"requires '{missing[0]}', which does not hold here: "

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from cuvil.codegen.library import conv_algorithm
+from cuvil.ir import DType
 
-from conftest import Graph, T, compile_graphs, run
+from codegen_helpers import Graph, T, compile_graphs, run
 
 MATMUL_SHAPES = [((5, 7, 9), (9, 4)), ((3, 5, 7, 9), (5, 9, 4)), ((2, 1, 7, 9), (1, 3, 9, 4)), ((9,), (9, 4)),
                  ((5, 9), (9,)), ((9,), (9,)), ((4, 9), (3, 2, 9, 5)), ((130, 33), (33, 70))]
@@ -38,9 +39,10 @@ GRAPHS = {
     **{f"maxpool{i}": Graph(f"maxpool{i}", lambda b, x, k=k, s=s, p=p, d=d, cm=cm: b(
         "cuvil.max_pool2d", x, kernel=[k, k], stride=[s, s], padding=[p, p], dilation=[d, d], ceil_mode=cm),
         [T(2, 3, 11, 12)]) for i, (k, s, p, d, cm) in enumerate(POOLS)},
-    **{f"avgpool{i}_{cip}_{div}": Graph(f"avgpool{i}_{cip}_{div}", lambda b, x, k=k, s=s, p=p, cm=cm, cip=cip, div=div: b(
-        "cuvil.avg_pool2d", x, kernel=[k, k], stride=[s, s], padding=[p, p], ceil_mode=cm, count_include_pad=cip,
-        divisor=div), [T(2, 3, 11, 12)])
+    **{f"avgpool{i}_{cip}_{div}": Graph(
+        f"avgpool{i}_{cip}_{div}", lambda b, x, k=k, s=s, p=p, cm=cm, cip=cip, div=div: b(
+            "cuvil.avg_pool2d", x, kernel=[k, k], stride=[s, s], padding=[p, p], ceil_mode=cm, count_include_pad=cip,
+            divisor=div), [T(2, 3, 11, 12)])
        for i, (k, s, p, d, cm) in enumerate(POOLS) for cip in (True, False) for div in (None, 5)},
     "adaptive": Graph("adaptive", lambda b, x: [b("cuvil.adaptive_avg_pool2d", x, output_size=list(o))
                                                 for o in ((1, 1), (3, 5), (5, 7), (11, 12))], [T("s0", 3, 11, 12)]),
@@ -119,3 +121,32 @@ def test_adaptive_pooling_and_rank3_input(compiled):
         torch.testing.assert_close(out, F.adaptive_avg_pool2d(x, size))
     x = rand(3, 8, 8)
     torch.testing.assert_close(run(GRAPHS["pool_3d_input"], compiled, x), F.max_pool2d(x, 2))
+
+
+ATTENTION = {
+    "plain": (lambda b, q, k, v: b("cuvil.sdpa", q, k, v), [T(2, 3, 70, 16), T(2, 3, 33, 16), T(2, 3, 33, 8)], None),
+    "causal": (lambda b, q, k, v: b("cuvil.sdpa", q, k, v, is_causal=True, scale=0.3),
+               [T("s0", 70, 16), T("s0", 70, 16), T("s0", 70, 8)], None),
+    "bool_mask": (lambda b, q, k, v, m: b("cuvil.sdpa", q, k, v, m), [T(2, 5, 16), T(2, 9, 16), T(2, 9, 4),
+                                                                     T(5, 9, dtype=DType.bool)], torch.bool),
+    "float_mask": (lambda b, q, k, v, m: b("cuvil.sdpa", q, k, v, m), [T(2, 3, 5, 16), T(2, 3, 9, 16),
+                                                                      T(2, 3, 9, 4), T(2, 1, 5, 9)], torch.float32),
+}
+
+
+def test_scaled_dot_product_attention():
+    graphs = {name: Graph(f"sdpa_{name}", build, types) for name, (build, types, _) in ATTENTION.items()}
+    compiled = compile_graphs(graphs.values())
+    for name, (_, types, mask_dtype) in ATTENTION.items():
+        shapes = [[d if isinstance(d, int) else 3 for d in t.shape] for t in types]
+        q, k, v = (rand(*s, seed=i) for i, s in enumerate(shapes[:3]))
+        args = [q, k, v]
+        if mask_dtype == torch.bool:
+            mask = rand(*shapes[3], seed=5) > -0.5
+            mask[:, 0] = True                   # no fully masked row
+            args.append(mask)
+        elif mask_dtype is not None:
+            args.append(rand(*shapes[3], seed=5))
+        attrs = {"is_causal": True, "scale": 0.3} if name == "causal" else {}
+        ref = F.scaled_dot_product_attention(*args[:3], attn_mask=args[3] if len(args) > 3 else None, **attrs)
+        torch.testing.assert_close(run(graphs[name], compiled, *args, split=2), ref, rtol=1e-5, atol=1e-5, msg=name)

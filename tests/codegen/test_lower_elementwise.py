@@ -11,7 +11,7 @@ from cuvil.codegen.kernel_text import print_kernel
 from cuvil.codegen.lower import group_elementwise_chains
 from cuvil.ir import DType, sym
 
-from conftest import Graph, T, compile_graphs, run
+from codegen_helpers import Graph, T, compile_graphs, run
 
 UNARY = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
@@ -65,7 +65,8 @@ GRAPHS = {
                                              b("cuvil.unsqueeze", b("cuvil.select", x, dim=1, index=-1), dim=1)),
                     [T("s0", 10)]),
     "expand": Graph("expand", lambda b, x, y: b("cuvil.sub", b("cuvil.expand", b("cuvil.squeeze", x, dims=[0]),
-                                                                   shape=[4, 3, sym("s1")]), y), [T(1, 3, 1), T(4, 3, "s1")]),
+                                                                   shape=[4, 3, sym("s1")]), y),
+                    [T(1, 3, 1), T(4, 3, "s1")]),
     "split_cat": Graph("split_cat", lambda b, x, y: b("cuvil.cat", *[b("cuvil.neg", r) for r in b.create(
         "cuvil.split", [x], {"dim": 1, "sizes": [2, 3]}).results], y, dim=1), [T("s0", 5), T("s0", 4)]),
     "triangle": Graph("triangle", lambda b, x: [b("cuvil.triu", x, diagonal=1), b("cuvil.tril", x)], [T("s0", "s1")]),
@@ -205,3 +206,41 @@ def test_grouping_fuses_chains_and_splits_shared_values():
     h = torch.relu(x + y)
     torch.testing.assert_close(s, torch.tanh(h).sum(1))
     torch.testing.assert_close(lin, F.gelu(F.linear(torch.exp(h * h), w)))
+
+
+def test_views_are_recomputed_in_each_consumer():
+    def build(b, x):
+        q, k = b.create("cuvil.split", [x], {"dim": 1, "sizes": [4, 4]}).results
+        t = b("cuvil.permute", q, perm=[1, 0])
+        return [b("cuvil.relu", t), b("cuvil.exp", k), t]    # t is also returned: stored by its own kernel
+    g = Graph("qkv", build, [T("s0", 8)])
+    names = [[op.name.split(".")[1] for op in grp] for grp in group_elementwise_chains(g.fn)]
+    assert names == [["split", "permute"], ["split", "permute", "relu"], ["split", "exp"]]
+    assert [[b.role for b in k.buffers] for k in g.kernels] == [["in", "out"]] * 3
+    x = rand(5, 8)
+    relu, e, t = run(g, compile_graphs([g]), x)
+    torch.testing.assert_close(relu, torch.relu(x[:, :4].t()))
+    torch.testing.assert_close(e, torch.exp(x[:, 4:]))
+    torch.testing.assert_close(t, x[:, :4].t())
+
+
+def test_gathers_read_indices_from_memory():
+    g = Graph("gathers", lambda b, w, ids, x, i2, i3: [
+        b("cuvil.mul", b("cuvil.embedding", w, ids), b("cuvil.literal", value=2.0, dtype=DType.f32)),
+        b("cuvil.index_select", x, i2, dim=1),
+        b("cuvil.gather", x, i3, dim=1),
+        b("cuvil.index", x, i2)],
+        [T(10, 4), T("s0", 3, dtype=DType.i64), T(5, 6), T(4, dtype=DType.i64), T(5, 2, dtype=DType.i64)])
+    assert len(g.kernels) == 4
+    compiled = compile_graphs([g])
+    w, x = rand(10, 4), rand(5, 6, seed=1)
+    ids = torch.tensor([[0, 9, 3], [2, 2, 12]])            # 12 is out of range: a NaN row, no stray read
+    i2, i3 = torch.tensor([4, 0, -1, 3]), torch.tensor([[0, 5]] * 5)
+    emb, sel, gat, adv = run(g, compiled, w, ids, x, i2, i3)
+    torch.testing.assert_close(emb[0], w[ids[0]] * 2)
+    torch.testing.assert_close(emb[1, :2], w[ids[1, :2]] * 2)
+    assert torch.isnan(emb[1, 2]).all()
+    assert torch.isnan(sel[:, 2]).all()                     # torch raises on -1 here
+    torch.testing.assert_close(sel[:, [0, 1, 3]], torch.index_select(x, 1, torch.tensor([4, 0, 3])))
+    torch.testing.assert_close(gat, torch.gather(x, 1, i3))
+    torch.testing.assert_close(adv, x[i2])                  # advanced indexing wraps -1

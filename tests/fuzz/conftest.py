@@ -59,6 +59,7 @@ class ParseOracle:
         except CuvilParseError as e:
             assert e.line >= 1 and e.col >= 1, f"error without a position: {e}"
             assert e.message, "error without a message"
+            str(e).encode("utf-8")   # the report can be shown (no lone surrogates from the input)
             self.errors += 1
             return None
         printed = print_module(module)

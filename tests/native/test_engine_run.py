@@ -163,10 +163,11 @@ def _combine(children):
                      pair.map(lambda p: p[0] - p[1]),
                      pair.map(lambda p: sympy.floor(p[0] / p[1]) if p[1] != 0 else p[0]),
                      pair.map(lambda p: sympy.Mod(p[0], p[1]) if p[1] != 0 else p[0]),
-                     children.map(lambda c: sympy.ceiling(c / 3)), pair.map(lambda p: sympy.Max(*p)))
+                     children.map(lambda c: sympy.ceiling(c / 3)), children.map(lambda c: c**2),
+                     pair.map(lambda p: sympy.Max(*p)), pair.map(lambda p: sympy.Min(*p)))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(exprs=st.lists(st.recursive(_leaf, _combine, max_leaves=6), min_size=4, max_size=4),
        values=st.lists(st.integers(1, 1000), min_size=3, max_size=3))
 def test_native_dims_evaluate_like_sympy(jitted, exprs, values):
@@ -185,5 +186,57 @@ def test_native_dims_evaluate_like_sympy(jitted, exprs, values):
                "slots": [{"kind": "output", "index": 0, "bytes": 32, "dtype": "i64"}],
                "steps": [{"kernel": code.address("echo_dims"), "slots": [0], "dims": dims}]}
     out = torch.zeros(4, dtype=torch.int64)
-    _native.Engine(module, program).run([], [out], values)
-    assert out.tolist() == want
+    if any(abs(v) >= 2**63 for d in dims for v in _intermediates(d, values)):
+        # found when the program is built (a constant expression) or when it runs
+        with pytest.raises((_native.ProgramError, _native.RunError), match=r"steps\[0\]\.dims\[\d\]: int64 overflow"):
+            _native.Engine(module, program).run([], [out], values)
+    else:
+        _native.Engine(module, program).run([], [out], values)
+        assert out.tolist() == want
+
+
+def _intermediates(postfix, values):
+    """Every value the evaluation stack holds along the way."""
+    stack, seen = [], []
+    for t in postfix if isinstance(postfix, list) else [postfix]:
+        if isinstance(t, int) or t[0] == "$":
+            stack.append(evaluate([t], values))
+        else:
+            b = stack.pop()
+            stack.append(evaluate([stack.pop(), b, t], values))
+        seen.append(stack[-1])
+    return seen
+
+
+def test_ready_steps_run_in_priority_order(jitted, pool_threads):
+    pool_threads(1)
+    code, module = jitted
+    mark = code.address("mark_chunk")
+    priorities = [0, 5, -2, 5, 3]
+    program = {"inputs": 0, "outputs": len(priorities), "arena_bytes": 0,
+               "slots": [{"kind": "output", "index": i, "bytes": 8, "dtype": "i64"} for i in range(len(priorities))],
+               "steps": [{"kernel": mark, "slots": [i], "dims": [1], "priority": p,
+                          "split": {"extent": 0, "cost_ns": 1}} for i, p in enumerate(priorities)]}
+    outs = [torch.zeros(1, dtype=torch.int64) for _ in priorities]
+    records = _native.Engine(module, program).run([], outs, profile=True)
+    order = [r[0] for r in sorted(records, key=lambda r: r[3])]
+    assert order == [1, 3, 4, 0, 2]  # higher priority first; ties by step index
+
+
+@pytest.mark.parametrize("dim,message", [
+    (S0 / 2, r"dimension s0/2 is not an integer expression"),
+    (sympy.sqrt(S0), r"dimension sqrt\(s0\) uses 'Pow', which the runtime cannot evaluate"),
+    (sympy.Symbol("t") + 1, r"symbol 't' in dimension t \+ 1 is not a symbol of the program \(its symbols: s0\)"),
+])
+def test_dims_the_runtime_cannot_evaluate_are_refused(dim, message):
+    with pytest.raises(ValueError, match=message):
+        to_postfix(dim, {"s0": 0})
+    with pytest.raises(TypeError, match="a dimension cannot be a bool"):
+        to_postfix(True, {})
+
+
+def test_blas_routines_are_found_by_name():
+    from cuvil.runtime import blas
+    assert blas.address(blas.SGEMM) == blas.address("scipy_cblas_sgemm") != 0
+    with pytest.raises(ValueError, match="BLAS routine 'no_such_gemm' is not exported by"):
+        blas.address("no_such_gemm")

@@ -190,3 +190,24 @@ def test_symbol_that_no_input_binds_is_refused(jitted, weight):
     with pytest.raises(ValueError, match="symbol 's0' in dimension .* is not a symbol of the program"):
         Executable(program, jitted[1])
     assert S0.name == "s0"
+
+
+def test_program_objects_with_unknown_kernels_or_slot_kinds_are_refused(jitted, weight):
+    from dataclasses import replace
+
+    from conftest import dag_program
+    from cuvil.runtime import Executable, Slot
+    program = dag_program(weight)
+    program.steps[2] = replace(program.steps[2], kernel="gelu")
+    with pytest.raises(_native.ProgramError, match=r"steps\[2\]: no kernel named 'gelu' in the JIT module"):
+        Executable(program, jitted[1])
+    program = dag_program(weight)
+    program.slots[5] = Slot("scratch")
+    with pytest.raises(ValueError, match="slot kind 'scratch' is not input, output, arena or const"):
+        Executable(program, jitted[1])
+
+
+def test_tensors_off_the_cpu_are_refused(make_dag):
+    a, b = int_inputs(4, seed=0)
+    with pytest.raises(_native.RunError, match=r"input 0 \(a\): expected a CPU tensor, got device meta"):
+        make_dag()(a.to("meta"), b)

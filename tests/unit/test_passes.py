@@ -234,8 +234,20 @@ def test_dce_keeps_user_ops_that_are_not_pure():
     b("passtest.noisy", fn.args[0])
     b("cuvil.exp", fn.args[0])
     b.create("cuvil.return", [fn.args[0]])
+    x = torch.randn(4)
+    expected = interpret(m, x)
     assert run(m, "dce")[0].statistics == {"ops-removed": 1, "constants-removed": 0}
     assert ops(m) == ["passtest.noisy", "return"]
+    assert same_bits(interpret(m, x)[0], expected[0])
+
+
+def test_verify_pass_reports_invalid_ir_and_provides_verified():
+    m = parse(CSE)
+    records = PassManager("verify,cse").run(m)        # cse requires what verify provides
+    assert [r.changed for r in records] == [False, False]
+    m.main.ops[3].attrs["extra"] = 1
+    with pytest.raises(CuvilVerifyError, match="unknown attribute 'extra' \\(known: none\\) in 'cuvil.mul'"):
+        PassManager("verify").run(m)
 
 
 # ----------------------------------------------------------------------------- shape-infer

@@ -440,6 +440,7 @@ ERRORS = [
     ("cuvil.func @f() -> () attributes {symbols = {s0 = [1 2]}} {", 1, 54, "expected ',' between the bounds"),
     ("cuvil.func @f() -> () {\n", 2, 1, "expected '}' to close @f (opened at 1:23), got end of input"),
     (H, 2, 1, "expected '}' to close @f (opened at 1:51)"),
+    (H + R[:-2] + H + R, 3, 1, "expected '}' to close @f (opened at 1:51), got 'cuvil.func'"),
     (H + "}\n", 2, 1, "function @f must end in cuvil.return"),
     (H + "  %0 = cuvil.relu %x {} {} : tensor<4xf32> -> tensor<4xf32>\n", 2, 25,
      "expected ':' after the attributes, got '{'"),

@@ -1,0 +1,132 @@
+"""Engine adapters: set-up, compile, run, and outputs as numpy arrays.
+
+Each adapter lives in its own worker process (see worker.py) whose thread settings are already
+in place; `threads` is only for the engine's own knobs (ORT session options, Cuvil's pool).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+Runner = Callable[[], object]
+
+
+def inference_mode():
+    return torch.inference_mode()
+
+
+class Engine:
+    name = ""
+
+    def __init__(self, threads: int, workdir: Path):
+        self.threads = threads
+        self.workdir = workdir
+
+    def start(self) -> dict:
+        """One-off set-up in the worker process; raising here marks the engine unavailable."""
+        return {}
+
+    def build(self, model, inputs: tuple, dynamic) -> tuple[Runner, dict]:
+        """Compile `model` for `inputs`: a no-argument runner and a breakdown of the compile time."""
+        raise NotImplementedError
+
+    def leaves(self, out) -> list[np.ndarray]:
+        """The output tensors in the model's pytree order (what ONNX export also follows)."""
+        return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+class Eager(Engine):
+    name = "eager"
+
+    def build(self, model, inputs, dynamic):
+        return (lambda: model(*inputs)), {}
+
+
+class Inductor(Engine):
+    """`torch.compile(model)`: mode default, backend inductor; the compile happens on the first call."""
+    name = "inductor"
+
+    def start(self):
+        # Imports, the compile-worker pool and a trivial compile: paid once per process, so kept
+        # out of the per-model compile times.
+        torch.compile(lambda x: x + 1)(torch.ones(1))
+        torch._dynamo.reset()
+        return {}
+
+    def build(self, model, inputs, dynamic):
+        # Without a reset the second size of a model (same forward code) would be recompiled with
+        # dynamic shapes ("automatic dynamic"), not specialised like the first.
+        torch._dynamo.reset()
+        compiled = torch.compile(model)
+        return (lambda: compiled(*inputs)), {}
+
+
+def export_onnx(model, inputs: tuple, path: Path) -> str:
+    """Export with the dynamo exporter (torch 2.13's default), else the TorchScript one; returns which."""
+    try:
+        torch.onnx.export(model, inputs, str(path), dynamo=True, verbose=False)
+        return "dynamo"
+    except Exception as dynamo_error:
+        try:
+            torch.onnx.export(model, inputs, str(path), dynamo=False)
+        except Exception:
+            raise dynamo_error from None
+        return "torchscript"
+
+
+class OnnxRuntime(Engine):
+    """ONNX Runtime, CPU execution provider, all graph optimisations, sequential execution."""
+    name = "ort"
+    _model_ids = itertools.count()
+
+    def start(self):
+        import onnxruntime
+        self.ort = onnxruntime
+        return {"version": onnxruntime.__version__}
+
+    def build(self, model, inputs, dynamic):
+        path = self.workdir / f"model{next(self._model_ids)}.onnx"
+        t0 = time.perf_counter()
+        exporter = export_onnx(model, inputs, path)
+        t1 = time.perf_counter()
+        options = self.ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = self.ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        t2 = time.perf_counter()
+        names = [i.name for i in session.get_inputs()]
+        if len(names) != len(inputs):
+            raise ValueError(f"the ONNX model takes {len(names)} input(s) ({', '.join(names)}); "
+                             f"the benchmark passes {len(inputs)}")
+        feeds = {name: x.numpy() for name, x in zip(names, inputs)}
+        return (lambda: session.run(None, feeds)), {"exporter": exporter, "export_s": t1 - t0,
+                                                    "session_s": t2 - t1}
+
+    def leaves(self, out):
+        return list(out)
+
+
+class Cuvil(Engine):
+    """`cuvil.compile(model, dynamic=..., threads=N)`: a callable with the model's output structure."""
+    name = "cuvil"
+
+    def start(self):
+        import cuvil
+        self.compile = cuvil.compile
+        return {"version": cuvil.__version__}
+
+    def build(self, model, inputs, dynamic):
+        t0 = time.perf_counter()
+        compiled = self.compile(model, dynamic=dynamic, threads=self.threads)
+        return (lambda: compiled(*inputs)), {"compile_call_s": time.perf_counter() - t0}
+
+
+ENGINES: dict[str, type[Engine]] = {e.name: e for e in (Eager, Inductor, OnnxRuntime, Cuvil)}

@@ -1,0 +1,31 @@
+"""Benchmark-only models: the zoo has no pure elementwise chain."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class EltwiseChain(nn.Module):
+    """Twenty elementwise ops in a row, all fusable into one loop: per-op dispatch cost and memory
+    traffic dominate. The values stay finite for any finite input (log sees values >= 0.5)."""
+
+    def forward(self, x):
+        y = x * 0.5
+        y = y + 0.25
+        y = torch.tanh(y)
+        y = y * x
+        y = torch.relu(y)
+        y = y + x
+        y = torch.sigmoid(y)
+        y = y * 2.0
+        y = y - 1.0
+        y = torch.abs(y)
+        y = y + 1.0
+        y = torch.sqrt(y)
+        y = y * torch.tanh(x)
+        y = torch.neg(y)
+        y = torch.exp(y)
+        y = y + 0.5
+        y = torch.log(y)
+        y = y * 0.75
+        return torch.maximum(y, x)

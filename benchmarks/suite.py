@@ -1,0 +1,58 @@
+"""The benchmark suite: which model runs at which size.
+
+Importing this module does not import torch (the parent process never needs it); `Case.build`
+does, inside the worker process whose thread settings are already in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ELTWISE = "eltwise"   # the model name of `benchmarks.models.EltwiseChain`
+
+
+@dataclass(frozen=True)
+class Built:
+    model: object
+    inputs: tuple
+    dynamic: list[dict[int, str]]   # import hints in the zoo's form: one {axis: name} per input
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str                      # a cuvil.zoo name, or ELTWISE
+    sizes: dict[str, int] = field(default_factory=dict)
+    description: str = ""
+
+    def build(self) -> Built:
+        if self.model == ELTWISE:
+            import torch
+            from .models import EltwiseChain
+            gen = torch.Generator().manual_seed(1234)
+            x = torch.randn(self.sizes["rows"], self.sizes["cols"], generator=gen)
+            return Built(EltwiseChain().eval(), (x,), [{0: "rows"}])
+        from cuvil import zoo
+        entry = zoo.get(self.model)
+        return Built(entry.model, entry.inputs(**self.sizes), entry.dynamic)
+
+
+SUITE: tuple[Case, ...] = (
+    Case("mlp_b1", "mlp", {"batch": 1}, "MLP 512-1024-1024-10, batch 1"),
+    Case("mlp_b64", "mlp", {"batch": 64}, "MLP 512-1024-1024-10, batch 64"),
+    Case("cnn_b1", "cnn", {"batch": 1}, "small CNN, 3x32x32, batch 1"),
+    Case("cnn_b16", "cnn", {"batch": 16}, "small CNN, 3x32x32, batch 16"),
+    Case("block_s128", "transformer", {"batch": 1, "seq": 128}, "pre-norm transformer block, dim 64, seq 128"),
+    Case("bert_small_s128", "bert_small", {"batch": 1, "seq": 128}, "BERT, 4 layers, hidden 256, seq 128"),
+    Case("eltwise_4k", ELTWISE, {"rows": 1, "cols": 4096}, "20-op elementwise chain, 1x4096"),
+    Case("eltwise_1m", ELTWISE, {"rows": 1024, "cols": 1024}, "20-op elementwise chain, 1024x1024"),
+)
+CASES: dict[str, Case] = {c.name: c for c in SUITE}
+
+
+def select(selectors: list[str]) -> list[Case]:
+    """Cases named by case name (`mlp_b1`) or model name (`mlp`: every size), in suite order."""
+    unknown = [s for s in selectors if s not in CASES and not any(c.model == s for c in SUITE)]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; cases: {', '.join(CASES)}; "
+                         f"models: {', '.join(dict.fromkeys(c.model for c in SUITE))}")
+    return [c for c in SUITE if c.name in selectors or c.model in selectors]

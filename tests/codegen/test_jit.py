@@ -1,0 +1,169 @@
+"""Target machines, the object cache, de-duplication of identical kernels, the per-kernel LLVM IR and
+assembly, cross-compilation, and the kernel ABI as the native engine calls it."""
+import re
+
+import pytest
+import torch
+
+from cuvil.codegen import jit as jit_module
+from cuvil.codegen.cache import ObjectCache, cache_key
+from cuvil.codegen.call import call_kernel
+from cuvil.codegen.jit import compile_function, compile_kernels
+from cuvil.codegen.kernel_text import parse_kernels, print_kernel
+from cuvil.codegen.target import Target
+from cuvil.errors import CuvilError
+
+from codegen_helpers import Graph, T, run
+
+ADD_RELU = """\
+kernel @add_relu(%a: in f32[s0, 512], %b: in f32[512], %out: out f32[s0, 512]) dims(s0) {
+  parallel for i0 in 0..s0 {
+    for i1 in 0..512 {
+      %out[i0, i1] = max(add(%a[i0, i1], %b[i1]), 0.0:f32)
+    }
+  }
+}
+"""
+TOTAL = """\
+kernel @total(%x: in f32[s0], %out: out f32[1]) dims(s0) {
+  %s = reduce sum(0.0:f32) for i in 0..s0 {
+    yield mul(%x[i], %x[i])
+  }
+  %out[0] = %s
+}
+"""
+
+
+def test_host_target_and_cross_presets():
+    host = Target.host()
+    assert host.is_host and host.cpu and host.features.startswith(("+", "-"))
+    arm = Target.cross("aarch64")
+    assert not arm.is_host and arm.arch == "aarch64"
+    with pytest.raises(CuvilError, match="unknown cross target 'sparc'"):
+        Target.cross("sparc")
+
+
+def test_cache_hit_skips_llvm_and_runs(tmp_path, monkeypatch):
+    cache = ObjectCache(tmp_path)
+    first = compile_kernels(parse_kernels(ADD_RELU), cache=cache)
+    assert not first.cache_hit and (cache.hits, cache.misses) == (0, 1)
+    assert {"llvm_ir", "optimize", "codegen", "load"} <= set(first.timings)
+
+    def no_llvm(*args, **kw):
+        raise AssertionError("a cache hit must not optimise or emit code")
+    monkeypatch.setattr(jit_module, "optimize", no_llvm)
+    monkeypatch.setattr(jit_module, "build_module", no_llvm)
+    second = compile_kernels(parse_kernels(ADD_RELU.replace("@add_relu", "@renamed")), cache=cache)
+    assert second.cache_hit and (cache.hits, cache.misses) == (1, 1)
+    assert "optimize" not in second.timings and second.key == first.key
+    a, b = torch.randn(3, 512), torch.randn(512)
+    out = torch.empty(3, 512)
+    call_kernel(second, "renamed", [a, b, out])
+    torch.testing.assert_close(out, torch.relu(a + b))
+    assert "@cuvil_k_" in second.llvm_ir("renamed")         # the IR text comes from the cache too
+
+
+def test_cache_key_depends_on_target_and_kernels():
+    text = print_kernel(parse_kernels(ADD_RELU)[0], canonical=True)
+    other = print_kernel(parse_kernels(ADD_RELU.replace("512", "256"))[0], canonical=True)
+    host = Target.host()
+    assert cache_key([text], host, 3) == cache_key([text], host, 3)
+    assert cache_key([text], host, 3) != cache_key([text], Target.cross("aarch64"), 3)
+    assert cache_key([text], host, 3) != cache_key([text], Target(host.triple, "generic", ""), 3)
+    assert cache_key([text], host, 3) != cache_key([other], host, 3)
+    assert cache_key([text], host, 3) != cache_key([text], host, 2)
+
+
+def test_identical_kernels_compile_once():
+    layers = [Graph(f"layer{i}", lambda b, x, w, bb: b("cuvil.gelu", b("cuvil.layer_norm", x, w, bb,
+                                                                         normalized_ndim=1)),
+                    [T("s0", 64), T(64), T(64)]) for i in range(12)]
+    kernels = [k for g in layers for k in g.kernels]
+    assert len(kernels) == 24
+    compiled = compile_kernels(kernels, cache=None)
+    assert compiled.unique_functions == 2
+    entry_points = re.findall(r"^define void @(\S+)\(ptr", compiled.llvm_ir_text, re.M)
+    assert len(entry_points) == 2
+    assert len(set(compiled.addresses.values())) == 2
+    x, w, b = torch.randn(5, 64), torch.randn(64), torch.randn(64)
+    torch.testing.assert_close(run(layers[7], compiled, x, w, b),
+                               torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (64,), w, b)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_elementwise_inner_loop_uses_ymm_registers():
+    host = Target.host()
+    if not host.has_feature("avx2"):
+        pytest.skip(f"host CPU {host.cpu} has no AVX2")
+    compiled = compile_kernels(parse_kernels(ADD_RELU), cache=None)
+    asm = compiled.asm("add_relu")
+    assert asm.startswith(compiled.symbols["add_relu"] + ":")
+    assert re.search(r"vaddps\s+[^\n]*%[yz]mm", asm), asm
+    assert re.search(r"vmaxps\s+[^\n]*%[yz]mm", asm), asm
+    ir = compiled.llvm_ir("add_relu")
+    assert re.search(r"fadd <\d+ x float>", ir)              # the vectoriser's work, before instruction selection
+
+
+@pytest.mark.parametrize("arch, vector_insn", [("aarch64", r"fmax\s+v\d+\.4s"), ("riscv64", r"vf(max|add)\.v")])
+def test_cross_targets_emit_objects_and_vector_assembly(arch, vector_insn):
+    target = Target.cross(arch)
+    compiled = compile_kernels(parse_kernels(ADD_RELU + TOTAL), target=target, cache=None)
+    assert compiled.addresses == {} and "load" not in compiled.timings      # nothing runs here
+    assert compiled.object_code[:4] == b"\x7fELF"
+    machine = int.from_bytes(compiled.object_code[18:20], "little")
+    assert machine == {"aarch64": 183, "riscv64": 243}[arch]                 # ELF e_machine
+    assert re.search(vector_insn, compiled.asm("add_relu")), compiled.asm("add_relu")
+
+
+def test_call_checks_arguments_against_the_kernel():
+    compiled = compile_kernels(parse_kernels(ADD_RELU + TOTAL), cache=None)
+    a, b, out = torch.randn(3, 512), torch.randn(512), torch.empty(3, 512)
+    with pytest.raises(CuvilError, match="expected shape"):
+        call_kernel(compiled, "add_relu", [a, torch.randn(256), out])
+    with pytest.raises(CuvilError, match="expected torch.float32"):
+        call_kernel(compiled, "add_relu", [a, b, out.double()])
+    with pytest.raises(CuvilError, match="expected strides"):
+        call_kernel(compiled, "add_relu", [torch.randn(512, 3).t(), b, out])
+    x, total = torch.randn(1000), torch.empty(1)
+    call_kernel(compiled, "total", [x, total])           # not splittable: dims = [s0]
+    assert compiled.kernels["total"].dim_exprs == [compiled.kernels["total"].buffers[0].shape[0]]
+    torch.testing.assert_close(total[0], (x.double() ** 2).sum().float(), rtol=1e-5, atol=0)
+
+
+def test_kernels_run_on_the_native_engine():
+    runtime = pytest.importorskip("cuvil.runtime", reason="the native runtime (cuvil._native) is not built")
+    from cuvil.ir import DType, TensorType, sym
+    s0 = sym("s0")
+    kernels = parse_kernels(ADD_RELU + TOTAL)
+    compiled = compile_kernels(kernels, cache=None)
+    module = runtime.load_module(compiled, compiled.runtime_kernels())
+    add_relu, total = kernels
+    t_in, t_b = TensorType(DType.f32, (s0, 512)), TensorType(DType.f32, (512,))
+    prog = runtime.Program(
+        inputs=[t_in, t_b], outputs=[t_in, TensorType(DType.f32, (1,))], symbols={"s0": (1, 1 << 20)},
+        slots=[runtime.Slot.input(0, t_in), runtime.Slot.input(1, t_b), runtime.Slot.output(0, t_in),
+               runtime.Slot.output(1, TensorType(DType.f32, (1,))), runtime.Slot.arena(0, s0 * 512 * 4)],
+        arena_bytes=s0 * 512 * 4,
+        steps=[runtime.Step("add_relu", [0, 1, 4], add_relu.dim_exprs,
+                            split=runtime.Split(len(add_relu.dim_exprs) - 1, 512)),
+               runtime.Step("add_relu", [4, 1, 2], add_relu.dim_exprs, deps=[0],
+                            split=runtime.Split(len(add_relu.dim_exprs) - 1, 512)),
+               runtime.Step("total", [2, 3], [s0 * 512], deps=[1])])
+    exe = runtime.Executable(prog, module, min_chunk_ns=1)      # split every splittable step
+    a, b = torch.randn(37, 512), torch.randn(512)
+    out, tot = exe(a, b)
+    ref = torch.relu(torch.relu(a + b) + b)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(tot[0], (ref.double() ** 2).sum().float(), rtol=1e-5, atol=0)
+
+
+def test_compile_function_times_every_phase(tmp_path):
+    g = Graph("mlp", lambda b, x, w, bb: b("cuvil.relu", b("cuvil.linear", x, w, bb)), [T("s0", 8), T(4, 8), T(4)])
+    lowered, compiled = compile_function(g.fn, cache=ObjectCache(tmp_path))
+    assert [lk.kernel.name for lk in lowered] == list(compiled.kernels)
+    assert set(compiled.timings) == {"lowering", "cache_lookup", "llvm_ir", "optimize", "codegen", "load"}
+    assert all(t >= 0 for t in compiled.timings.values())
+    name = lowered[0].kernel.name
+    assert compiled.kernel_ir(name).startswith(f"kernel @{name}(")
+    assert "scipy_cblas_sgemm" in compiled.llvm_ir(name)
+    assert re.search(r"call\w*\s+scipy_cblas_sgemm", compiled.asm(name))

@@ -1,0 +1,181 @@
+"""Every notebook in notebooks/ runs top to bottom in a real kernel (nbclient); the saved widget
+state and the outputs are checked against what the cells should have produced."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import cuvil
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+VIEW = "application/vnd.jupyter.widget-view+json"
+STATE = "application/vnd.jupyter.widget-state+json"
+O1 = [p.spec() for p in cuvil.Pipeline.parse("O1")]
+
+
+def execute(name: str, tmp_path_factory) -> nbformat.NotebookNode:
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    cwd = tmp_path_factory.mktemp("nb")    # notebooks must not write next to themselves
+    NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return nb
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    return execute("01_quickstart.ipynb", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pass_pipeline(tmp_path_factory):
+    return execute("02_pass_pipeline.ipynb", tmp_path_factory)
+
+
+def test_every_notebook_is_tested():
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == ["01_quickstart.ipynb", "02_pass_pipeline.ipynb"]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def code_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def cell_starting(nb, prefix: str):
+    (cell,) = [c for c in code_cells(nb) if c.source.startswith(prefix)]
+    return cell
+
+
+def stdout(cell) -> str:
+    return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+
+
+def no_errors(nb) -> None:
+    errors = [(c.source[:40], o.ename, o.evalue) for c in code_cells(nb) for o in c.outputs
+              if o.output_type == "error"]
+    assert errors == []
+
+
+class Widgets:
+    """The widget models saved in a notebook's metadata, navigable from a displayed view."""
+
+    def __init__(self, nb):
+        self.state = nb.metadata["widgets"][STATE]["state"]
+
+    def tree(self, model_id: str) -> list[dict]:
+        """The model and everything under it (children, in order)."""
+        model = self.state[model_id]
+        out = [model]
+        for child in model["state"].get("children", []):
+            out += self.tree(child.removeprefix("IPY_MODEL_"))
+        return out
+
+    def of_cell(self, cell) -> list[dict]:
+        (view,) = [o for o in cell.outputs if o.output_type == "display_data" and VIEW in o.data]
+        return self.tree(view.data[VIEW]["model_id"])
+
+
+def named(models: list[dict], name: str) -> list[dict]:
+    return [m["state"] for m in models if m["model_name"] == name]
+
+
+def pass_list(models: list[dict]) -> list[str]:
+    """The pass names in the pipeline panel's list (labels are `3. ● canonicalize  0.4 ms`)."""
+    (select,) = named(models, "SelectModel")
+    return [label.split()[2] for label in select["_options_labels"]]
+
+
+# ----------------------------------------------------------------------------- 01 quickstart
+
+def test_quickstart_runs_and_the_mlp_matches_eager(quickstart):
+    no_errors(quickstart)
+    out = stdout(cell_starting(quickstart, "with torch.no_grad():\n    expected"))
+    assert "result shape: (8, 10)" in out
+    err = float(re.search(r"max abs error vs eager: (\S+)", out)[1])
+    assert err <= 1e-5
+    err5 = float(re.search(r"batch 5, max abs error vs eager: (\S+)", stdout(
+        cell_starting(quickstart, "x5 = "))) [1])
+    assert err5 <= 1e-5
+
+
+def test_quickstart_panels_in_the_saved_widget_state(quickstart):
+    widgets = Widgets(quickstart)
+    models = widgets.of_cell(cell_starting(quickstart, "%%cuvil --dynamic"))
+    (tab,) = named(models, "TabModel")
+    assert tab["titles"] == ["Pipeline", "Graph", "Summary"]
+    assert pass_list(models) == O1
+    summary = [h["value"] for h in named(models, "HTMLModel") if "cv-summary" in h["value"]]
+    assert len(summary) == 1 and "max abs error vs eager PyTorch" in summary[0]
+
+
+def test_quickstart_stepping_reached_canonicalize(quickstart):
+    widgets = Widgets(quickstart)
+    block = cell_starting(quickstart, "%%cuvil\ndef block")
+    models = widgets.of_cell(block)
+    # the next cell clicked "next" twice: the saved diff is the one of canonicalize, with `x * 1.0` removed
+    html = [h["value"] for h in named(models, "HTMLModel")]
+    (position,) = [v for v in html if v.startswith("<b>3 / 5</b>")]
+    assert "canonicalize" in position
+    (diff,) = [v for v in html if 'class="cv-diff"' in v]
+    removed = re.findall(r'<td class="cv-code cv-del">(.*?)</td>', diff)
+    assert any("cuvil.mul" in r for r in removed)
+    assert "3 / 5</b>: canonicalize" in stdout(cell_starting(quickstart, 'pipeline = _cuvil_explorer'))
+
+
+def test_quickstart_static_report(quickstart):
+    out = stdout(cell_starting(quickstart, "import pathlib, tempfile"))
+    path = Path(out.split()[0])
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "Cuvil report: block" in page
+
+
+def test_quickstart_error_panel_shows_the_users_line(quickstart):
+    cell = cell_starting(quickstart, "%%cuvil\ndef spectrum")
+    (html,) = [o.data["text/html"] for o in cell.outputs if o.output_type == "display_data"]
+    assert "unsupported op" in html and "cell line 3" in html
+    assert "return torch.fft.fft(x).real" in html and "Traceback" not in html
+
+
+# ----------------------------------------------------------------------------- 02 pass pipeline
+
+def test_pass_pipeline_stepping_output(pass_pipeline):
+    no_errors(pass_pipeline)
+    lines = stdout(cell_starting(pass_pipeline, 'pipeline = _cuvil_explorer')).splitlines()
+    assert [line.split()[1] for line in lines] == O1
+    changed = {line.split()[1]: line.split()[2] for line in lines}
+    assert changed["verify"] == "changed=False" and changed["canonicalize"] == "changed=True"
+
+
+def test_pass_pipeline_custom_pipeline(pass_pipeline):
+    widgets = Widgets(pass_pipeline)
+    models = widgets.of_cell(cell_starting(pass_pipeline, "%%cuvil --passes canonicalize"))
+    assert pass_list(models) == ["canonicalize", "cse{aggressive=true}", "dce"]
+    (tab,) = named(models, "TabModel")
+    assert tab["titles"] == ["Pipeline", "Summary"]
+
+
+def test_pass_pipeline_user_pass(pass_pipeline):
+    widgets = Widgets(pass_pipeline)
+    models = widgets.of_cell(cell_starting(pass_pipeline, "%%cuvil --passes O1,add-self-to-mul"))
+    assert pass_list(models) == O1 + ["add-self-to-mul"]
+    (select,) = named(models, "SelectModel")
+    assert select["_options_labels"][-1].split()[1] == "●"   # it changed the IR
+    out = stdout(cell_starting(pass_pipeline, "record = "))
+    assert "add-self-to-mul changed: True {'rewritten': 1}" in out
+    assert float(re.search(r"max abs error vs eager: (\S+)", out)[1]) <= 1e-6
+    ir = out[out.index("cuvil.func"):]
+    # x + x became x * 2.0: a mul by a 2.0 literal, and no add of a value to itself
+    assert re.search(r"cuvil\.literal \{value = 2\.0, dtype = f32\}", ir) and "cuvil.mul" in ir
+    assert not re.search(r"cuvil\.add (%\w+), \1 ", ir)
+
+
+def test_notebooks_are_saved_without_outputs():
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        nb = json.loads(path.read_text())
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
+        assert nb["metadata"]["kernelspec"]["name"] == "python3", path.name

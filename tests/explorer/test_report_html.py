@@ -1,0 +1,142 @@
+"""The shared renderers (cuvil/report_html.py) and the static report, on hand-checked IR."""
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+
+import pytest
+
+import cuvil
+from cuvil.report_html import diff_html, graph_dot, graph_svg, ir_stages, render_report_html
+
+from explorer_cases import FOLDABLE_IR
+
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return cuvil.explain(FOLDABLE_IR, pipeline="O1")
+
+
+def cells(table: str, cls: str) -> list[str]:
+    """Text of the diff cells with a class, tags removed."""
+    found = re.findall(rf'<td class="cv-code {cls}">(.*?)</td>', table)
+    return [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in found]
+
+
+def test_diff_marks_removed_and_added_lines():
+    before = "a\nb = 1\nc\n"
+    after = "a\nb = 2\nc\nd\n"
+    table = diff_html(before, after)
+    assert cells(table, "cv-del") == ["b = 1"]
+    assert cells(table, "cv-add") == ["b = 2", "d"]
+    assert cells(table, "") == ["a", "a", "c", "c"]   # unchanged lines on both sides
+    # the token that differs in the edited line is marked on both sides
+    assert '<span class="cv-chg">1</span>' in table and '<span class="cv-chg">2</span>' in table
+
+
+def test_diff_pairs_renumbered_lines_and_marks_only_names():
+    before = "  %5 = cuvil.relu %3 : T\n"
+    after = "  %2 = cuvil.relu %1 : T\n"
+    table = diff_html(before, after)
+    changed = re.findall(r'<span class="cv-chg">(.*?)</span>', table)
+    assert changed == ["%5", "%3", "%2", "%1"]
+
+
+def test_diff_context_and_search_and_escaping():
+    before = "\n".join(f"line {i}" for i in range(20)) + "\n<x>"
+    after = before.replace("line 10", "line ten")
+    table = diff_html(before, after, search="LINE", context=1)
+    assert cells(table, "") == ["line 9", "line 9", "line 11", "line 11"]
+    # case-insensitive matches, also inside an edited line (whose changed token is marked too)
+    assert '<mark>line</mark> <span class="cv-chg">ten</span>' in table
+    assert "<x>" not in diff_html("<x>", "<y>")       # text is escaped
+    assert "no change" in diff_html("same", "same", context=2)
+
+
+def test_stage_ids_are_stable_across_passes(report):
+    stages = ir_stages(report)
+    titles = [s.title for s in stages]
+    assert titles == ["input", "after verify", "after shape-infer", "after canonicalize", "after cse", "after dce"]
+    start = {n.id: n.op for n in stages[0].nodes()}
+    assert start == {"%x": "arg", "%0": "cuvil.literal", "%1": "cuvil.mul", "%2": "cuvil.relu",
+                     "%3": "cuvil.relu", "%4": "cuvil.add", "return": "cuvil.return"}
+    canon = stages[3]
+    # canonicalize drops `x * 1.0`: the relus are renumbered (%0, %1) but keep their ids and are rewired
+    assert {n.id: n.names for n in canon.nodes()} == {
+        "%x": ["%x"], "%2": ["%0"], "%3": ["%1"], "%4": ["%2"], "return": []}
+    assert canon.status == {"%2": "changed", "%3": "changed"}
+    assert sorted(n.id for n in canon.removed) == ["%0", "%1"]
+    cse = stages[4]
+    assert [n.id for n in cse.removed] == ["%3"]
+    assert next(n for n in cse.nodes() if n.id == "%4").operands == ["%2", "%2"]
+    assert stages[5].functions is cse.functions and stages[5].status == {}   # dce changed nothing
+
+
+def test_new_ops_get_the_pass_position():
+    rep = cuvil.CompileReport("r", input_ir=FOLDABLE_IR, passes=[
+        {"name": "p", "spec": "p", "changed": True, "ir_before": FOLDABLE_IR,
+         "ir_after": FOLDABLE_IR.replace("cuvil.add %2, %3", "cuvil.sub %2, %3")}])
+    after = ir_stages(rep)[1]
+    assert after.status == {"%4#1": "new", "return": "changed"}
+    assert [n.id for n in after.removed] == ["%4"]
+
+
+@needs_dot
+def test_graph_svg_has_one_node_per_op_and_clusters(report):
+    stages = ir_stages(report)
+    svg = graph_svg(stages[-1], [("group A", ["%0", "%1"])])
+    # node names are the stable ids with % written v: %x, the first relu (%2) and the add (%4)
+    titles = re.findall(r'<g id="node\d+" class="node[^"]*">\s*<title>(.*?)</title>', svg)
+    assert sorted(titles) == ["return", "v2", "v4", "vx"]
+    edges = re.findall(r'<g id="edge\d+" class="edge">\s*<title>(.*?)</title>', svg)
+    assert sorted(html.unescape(e) for e in edges) == ["v2->v4", "v2->v4", "v4->return", "vx->v2"]
+    cluster = re.search(r'<g id="clust\d+" class="cluster">\s*<title>cluster_0</title>(.*?)</g>', svg, re.S)
+    assert cluster and "group A" in cluster[1]
+    body = re.search(r"subgraph cluster_0 \{(.*?)\n\t\}", graph_dot(stages[-1], [("group A", ["%0", "%1"])]), re.S)[1]
+    assert sorted(re.findall(r"^\s*(v\w+) \[label", body, re.M)) == ["v2", "v4"]
+
+
+def test_graph_dot_colours_changed_ops(report):
+    dot = graph_dot(ir_stages(report)[3])
+    changed = [line for line in dot.splitlines() if "fillcolor" in line]
+    assert len(changed) == 2 and all("relu" in line for line in changed)
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.external, self.scripts = [], []
+
+    def handle_starttag(self, tag, attrs):
+        for k, v in attrs:
+            if k in ("src", "href") and v and not v.startswith("#"):
+                self.external.append(v)
+
+
+def test_static_report_is_self_contained(report, tmp_path):
+    path = tmp_path / "r.html"
+    report.save_html(path)
+    page = path.read_text(encoding="utf-8")
+    parser = _Collect()
+    parser.feed(page)
+    assert parser.external == []                      # no network, no files next to it
+    data = json.loads(re.search(r'<script type="application/json" id="cv-data">(.*?)</script>', page, re.S)[1])
+    assert [p["spec"] for p in data["passes"]] == ["verify", "shape-infer", "canonicalize", "cse", "dce"]
+    assert [p["changed"] for p in data["passes"]] == [False, False, True, True, False]
+    assert data["stageOf"] == [0, 0, 0, 3, 4, 4]   # unchanged passes show the drawing before them
+    sections = re.findall(r'<div class="cv-pass" data-i="(\d)" hidden>(.*?)</div></div>', page, re.S)
+    assert len(sections) == 5
+    assert "did not change the IR" in sections[0][1] and 'class="cv-code cv-del"' in sections[2][1]
+    assert "Ops (before → after the pipeline)" in page and "5 → 2" in page
+
+
+def test_static_report_without_graphviz(report, monkeypatch):
+    import cuvil.report_html as rh
+    monkeypatch.setattr(rh, "graph_svg", lambda stage, clusters=(): None)
+    page = render_report_html(report)
+    assert "graphviz is not installed" in page and "<svg" not in page
