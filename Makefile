@@ -27,6 +27,8 @@ $(STAMP): pyproject.toml $(NATIVE) $(PKG_DIRS) | $(PY)
 	$(PY) -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))" \
 	  | xargs -d '\n' $(PIP) install cmake ninja
 	$(PIP) install --no-build-isolation -e '.[test,explorer,bench]'
+	# jsonschema builds a lark grammar at import when rfc3987-syntax is present: ~5 s per Jupyter process
+	$(PIP) uninstall -y rfc3987-syntax lark
 	touch $@
 
 # graphviz's dot (explorer graphs), Chromium (browser tests) and a C++ compiler (native build).

@@ -2,34 +2,35 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from .frontend import ImportResult, import_model
 from .ir import Module, parse, print_module
-from .passes import IRSnapshot, PassManager, VerifyEach
+from .passes import Instrument, IRSnapshot, PassManager, VerifyEach
 from .report import CompileReport, source_lines
 
 DEFAULT_PIPELINE = "O1"
 
 
 def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DEFAULT_PIPELINE,
-            dynamic=None, ranges=None, name: str | None = None) -> CompileReport:
+            dynamic=None, ranges=None, name: str | None = None, instruments: Sequence[Instrument] = ()) -> CompileReport:
     """Compile `fn_or_module` (an `nn.Module`, a function, a cuvil `Module` or IR text) and report
     what every pass did: IR before and after, time, changed or not, statistics.
 
         report = cuvil.explain(model, x, dynamic={"x": {0: "batch"}})
         report.passes[2]["ir_after"]
     """
-    phases = []
     t0 = time.perf_counter()
-    module = _to_module(fn_or_module, example_inputs, dynamic, ranges)
-    phases.append({"name": "import", "time_s": time.perf_counter() - t0})
+    imported = _to_module(fn_or_module, example_inputs, dynamic, ranges)
+    module = imported.module if isinstance(imported, ImportResult) else imported
+    import_s = imported.time_s if isinstance(imported, ImportResult) else time.perf_counter() - t0
+    phases = [{"name": "import", "time_s": import_s}]
     input_ir = print_module(module)
 
     t0 = time.perf_counter()
-    manager = PassManager(pipeline, instruments=[IRSnapshot(), VerifyEach()])
+    manager = PassManager(pipeline, instruments=[IRSnapshot(), VerifyEach(), *instruments])
     records = manager.run(module)
     phases.append({"name": "passes", "time_s": time.perf_counter() - t0})
 
@@ -44,14 +45,12 @@ def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DE
     )
 
 
-def _to_module(obj, example_inputs, dynamic, ranges) -> Module:
-    if isinstance(obj, Module):
+def _to_module(obj, example_inputs, dynamic, ranges) -> Module | ImportResult:
+    if isinstance(obj, (Module, ImportResult)):
         return obj
     if isinstance(obj, str):
         return parse(obj)
-    if isinstance(obj, ImportResult):
-        return obj.module
-    return import_model(obj, example_inputs or None, dynamic=dynamic, ranges=ranges).module
+    return import_model(obj, example_inputs or None, dynamic=dynamic, ranges=ranges)
 
 
 def _name_of(obj) -> str:

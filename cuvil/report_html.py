@@ -449,10 +449,10 @@ CSS = """
   font-family: var(--jp-ui-font-family, system-ui, sans-serif); font-size: var(--jp-ui-font-size1, 13px); }
 .cv-root code, .cv-diff, .cv-pre { font-family: var(--jp-code-font-family, monospace);
   font-size: var(--jp-code-font-size, 12px); }
-.cv-scroll { overflow: auto; max-height: 560px; border: 1px solid var(--jp-border-color2, #d0d7de); }
+.cv-scroll { position: relative; overflow: auto; max-height: 560px; border: 1px solid var(--jp-border-color2, #d0d7de); }
 .cv-diff { border-collapse: collapse; width: 100%; table-layout: fixed; }
 .cv-diff col.cv-lncol { width: 3.2em; }
-.cv-diff th { position: sticky; top: 0; text-align: left; padding: 2px 6px;
+.cv-diff th { position: sticky; top: 0; z-index: 1; text-align: left; padding: 2px 6px;
   background: var(--jp-layout-color2, #f6f8fa); color: var(--jp-ui-font-color1, #1f2328); }
 .cv-diff td { padding: 0 4px; white-space: pre-wrap; overflow-wrap: anywhere; vertical-align: top; }
 .cv-diff td.cv-ln { color: var(--jp-ui-font-color2, #656d76); text-align: right; user-select: none; }
@@ -530,6 +530,9 @@ _PAGE_JS = """
     $$('.cv-list button').forEach((b) => b.classList.toggle('cv-on', +b.dataset.i === i));
     $('#cv-pos').textContent = (i + 1) + ' / ' + data.passes.length + ': ' + data.passes[i].spec;
     $('#cv-range').value = i;
+    const box = document.querySelector('.cv-pass[data-i="' + i + '"] .cv-scroll');
+    const row = box && box.querySelector('td.cv-del, td.cv-add');
+    if (row) box.scrollTop = Math.max(0, row.parentElement.offsetTop - 40);   // to the first change
     showStage(i + 1);
   }
   function showStage(k) {

@@ -13,7 +13,7 @@ import torch.utils._pytree as pytree
 import cuvil
 from cuvil import CompileReport, CuvilError
 from cuvil.ir.interpreter import random_constants
-from cuvil.passes.instruments import random_inputs
+from cuvil.passes import random_inputs
 from cuvil.report_html import Stage, ir_stages
 
 from .cell import Target
@@ -71,16 +71,11 @@ class CellRun:
 def compile_target(target: Target, pipeline: str, dynamic=None, run: bool = True) -> CellRun:
     if target.is_ir:
         return _compile_ir(target, pipeline, run)
-    t0 = time.perf_counter()
     example = target.kwargs if target.kwargs else target.args
     with warnings.catch_warnings():   # torch.export's own deprecation notices are not the user's business
         warnings.simplefilter("ignore", FutureWarning)
         imported = cuvil.import_model(target.fn, example, dynamic=dynamic, ranges=target.ranges)
-    import_s = time.perf_counter() - t0
     report = cuvil.explain(imported, pipeline=pipeline, name=target.label)
-    for phase in report.phases:   # explain got an imported model: the import happened here
-        if phase["name"] == "import":
-            phase["time_s"] = import_s
     out = CellRun(target, report, InterpretedModel(imported), reference="eager PyTorch")
     if run:
         t0 = time.perf_counter()

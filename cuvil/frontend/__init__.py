@@ -9,6 +9,7 @@ Symbols: torch's shape symbols are renamed `s0, s1, ...` in the order the inputs
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ class ImportResult:
     symbols: dict[str, SymbolInfo]            # "s0" -> SymbolInfo(symbol, hint, range)
     exported: torch.export.ExportedProgram
     tensor_positions: list[int]               # flattened call inputs that are the IR's arguments
+    time_s: float = 0.0                       # capture + import wall time
 
     @property
     def function(self) -> Function:
@@ -66,8 +68,9 @@ def import_model(model_or_fn, example_inputs=None, dynamic=None, name: str = "fo
     ranges go in `ranges={"batch": (1, 64)}` or inside the `dynamic` dict. A plain function's
     string annotations (`x: "f32[B,512]"`) are hints too, and stand in for missing example inputs.
     """
+    t0 = time.perf_counter()
     captured = capture(model_or_fn, example_inputs, dynamic, ranges)
     ep = captured.program
     graph = import_graph(ep, ATEN_TABLE, name, captured.hints, DEFAULT_RANGE[1])
     return ImportResult(graph.module, graph.input_names, ep.call_spec.out_spec, dict(graph.symbols.info), ep,
-                        graph.tensor_positions)
+                        graph.tensor_positions, time.perf_counter() - t0)

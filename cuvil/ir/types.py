@@ -120,7 +120,7 @@ def expr_str(e) -> str:
         return "*".join([_factor_str(e.base)] * int(e.exp))
     if isinstance(e, sympy.floor):
         num, den = sympy.fraction(sympy.together(e.args[0]))
-        if den.is_Integer:
+        if den.is_Integer and den > 1:
             return f"{_factor_str(num)}//{int(den)}"
     if isinstance(e, sympy.Mod):
         return f"{_factor_str(e.args[0])}%{_factor_str(e.args[1])}"

@@ -5,11 +5,11 @@ from .registry import (all_passes, all_pipelines, get_pass, register_pass, regis
 from .pipeline import Pipeline, parse_pipeline
 from .manager import PassManager
 from .instruments import (ChangeDetector, DebugLog, Instrument, IRSnapshot, NumericCheck, PassTiming, PrintIR,
-                          VerifyEach, WallTime)
+                          VerifyEach, WallTime, random_inputs)
 from . import named_pipelines  # noqa: F401  (registers O0, O1)
 
 __all__ = [
     "ModulePass", "PassRecord", "all_passes", "all_pipelines", "get_pass", "register_pass", "register_pipeline",
     "unregister_pass", "Pipeline", "parse_pipeline", "PassManager", "Instrument", "ChangeDetector", "DebugLog",
-    "IRSnapshot", "NumericCheck", "PassTiming", "PrintIR", "VerifyEach", "WallTime",
+    "IRSnapshot", "NumericCheck", "PassTiming", "PrintIR", "VerifyEach", "WallTime", "random_inputs",
 ]

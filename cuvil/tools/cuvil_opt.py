@@ -17,6 +17,7 @@ import traceback
 from typing import TextIO
 
 from ..errors import CuvilError, CuvilParseError, CuvilPipelineError
+from ..explain import explain
 from ..ir import parse, print_module
 from ..passes import PassManager, PassTiming, PrintIR, VerifyEach, all_passes, all_pipelines, parse_pipeline
 from ..passes.base import format_option_value, option_name
@@ -40,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print errors to stdout in place of the result and exit 0 (for negative tests)")
     ap.add_argument("--split-input-file", action="store_true",
                     help="treat each '// -----' separated chunk as its own input")
+    ap.add_argument("--report", metavar="OUT.html",
+                    help="also write the explorer's report (every pass, IR before/after) as one HTML file")
     ap.add_argument("--list-passes", action="store_true", help="list the passes and named pipelines, then exit")
     ap.add_argument("--load-pass-plugin", action="append", default=[], metavar="FILE.py",
                     help="run a Python file that registers passes (with @register_pass) before anything else")
@@ -54,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_passes:
         sys.stdout.write(list_passes())
         return 0
+    if args.report and args.split_input_file:
+        sys.stderr.write("cuvil-opt: error: --report writes one report; it cannot be combined with --split-input-file\n")
+        return 2
     try:
         pipeline = parse_pipeline(args.pipeline)
     except CuvilPipelineError as e:
@@ -86,7 +92,10 @@ def _process(chunk: str, first_line: int, filename: str, pipeline, args, out: Te
         # Leading newlines keep the parser's line numbers those of the whole file. `parse` also
         # verifies, reporting verifier errors at the op's line:column.
         module = parse("\n" * (first_line - 1) + chunk, filename)
-        PassManager(pipeline, _instruments(args), assume={"verified"}).run(module)
+        if args.report:
+            explain(module, pipeline=pipeline, instruments=_instruments(args), name=filename).save_html(args.report)
+        else:
+            PassManager(pipeline, _instruments(args), assume={"verified"}).run(module)
     except CuvilError as e:
         if args.verify_diagnostics:
             out.write(f"{e}\n")

@@ -10,6 +10,8 @@ from cuvil.report_html import diff_html, pass_header_html, pass_label
 
 from . import Panel, register_panel
 
+LONG_IR_LINES = 80   # longer IR opens with only the changed lines (and some context) shown
+
 
 @register_panel
 class PipelinePanel(Panel):
@@ -27,7 +29,8 @@ class PipelinePanel(Panel):
         self.position = W.HTML()
         self.hide = W.Checkbox(value=False, description="hide unchanged passes", indent=False,
                                layout=W.Layout(width="190px"))
-        self.context = W.Checkbox(value=False, description="changed lines only", indent=False,
+        long_ir = self.run.report.input_ir.count("\n") > LONG_IR_LINES
+        self.context = W.Checkbox(value=long_ir, description="changed lines only", indent=False,
                                   layout=W.Layout(width="160px"))
         self.search = W.Text(placeholder="search the IR", continuous_update=False, layout=W.Layout(width="200px"))
         self.find_next = W.Button(description="find next", layout=W.Layout(width="86px"))
