@@ -68,7 +68,7 @@ def _latency(cell: dict, notes: Notes) -> str:
 def _errors(row: dict, engines: list[str], notes: Notes) -> str:
     parts = []
     for engine in engines:
-        cells = [c for c in (per["engines"][engine] for per in row["threads"].values())]
+        cells = [per["engines"][engine] for per in row["threads"].values()]
         mismatch = next((c["output_mismatch"] for c in cells if "output_mismatch" in c), None)
         errs = [c["max_abs_err"] for c in cells if "max_abs_err" in c]
         if mismatch:
@@ -110,10 +110,13 @@ def _serving(results: dict, notes: Notes) -> list[str]:
         ["engine", "calls/s, 1 thread", "calls/s, 2 threads", "scaling", "outputs bit-identical"], rows)
 
 
+def _fmt_load(load_average: list[float] | None) -> str:
+    return " / ".join(f"{x:.2f}" for x in load_average) if load_average else "unknown"
+
+
 def _header(results: dict) -> list[str]:
     m, s, load = results["machine"], results["settings"], results["load_average"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
-    fmt_load = lambda la: " / ".join(f"{x:.2f}" for x in la) if la else "unknown"   # noqa: E731
     cases = "; ".join(f"{row['case']} = {row['description']}" for row in results["cases"])
     return [
         f"# Cuvil benchmarks{' (quick run: few repetitions, not for quoting)' if s['quick'] else ''}",
@@ -121,7 +124,7 @@ def _header(results: dict) -> list[str]:
         f"Measured {results['started']}, {results['wall_s'] / 60:.1f} min wall. CPU: {m['cpu_model']} "
         f"({m['cores']} cores; {', '.join(m['simd'])}), {m['memory_gib']} GiB; Python {m['python']}; {versions}.",
         "",
-        f"Load average (1 / 5 / 15 min) at start {fmt_load(load['start'])}, at end {fmt_load(load.get('end'))}; "
+        f"Load average (1 / 5 / 15 min) at start {_fmt_load(load['start'])}, at end {_fmt_load(load.get('end'))}; "
         f"the machine is shared, so compare the ratios (taken together) more than the absolute times.",
         "",
         f"Method: each engine at each thread count runs in its own worker process. Per row, every engine "
@@ -133,6 +136,12 @@ def _header(results: dict) -> list[str]:
     ]
 
 
+def crowded(per_threads: dict, threads: int, cores: int) -> bool:
+    """Other processes left fewer free cores than the run has threads (with half a core of slack)."""
+    load = per_threads["other_load_cores"]
+    return load is not None and cores - load < threads - 0.5
+
+
 def render_markdown(results: dict) -> str:
     notes = Notes()
     engines = results["settings"]["engines"]
@@ -141,13 +150,19 @@ def render_markdown(results: dict) -> str:
     rows = results["cases"]
     threads = [str(t) for t in results["settings"]["threads"]]
 
+    cores = results["machine"]["cores_usable"] or results["machine"]["cores"]
+
     def load(row):
         per = [row["threads"][t] for t in threads]
         return " / ".join("?" if p["other_load_cores"] is None
                           else f"{p['other_load_cores']:.2f} ({p['quiet_rounds']}/{p['rounds']} quiet)" for p in per)
 
+    def latency_cell(row, engine, t):
+        text = _latency(_cell(row, engine, t), notes)
+        return text + " ‡" if crowded(row["threads"][t], int(t), cores) else text
+
     latency = _table(["model"] + names + ["max abs err vs eager", f"other load ({' / '.join(threads)}t)"],
-                     [[r["case"]] + [_latency(_cell(r, e, t), notes) for e, t in columns]
+                     [[r["case"]] + [latency_cell(r, e, t) for e, t in columns]
                       + [_errors(r, [e for e in engines if e != "eager"], notes), load(r)] for r in rows])
 
     def spread(cell):
@@ -169,7 +184,9 @@ def render_markdown(results: dict) -> str:
         "then the engine's median latency. Max abs err: the largest difference of any output element from "
         "eager's (over the thread counts). Other load: cores used by other processes while the row was timed "
         "(mean over the rounds; quiet = rounds under the threshold). With other load near 1 core or more, "
-        "two-thread timings mostly measure scheduler stalls at thread barriers, not the engines.",
+        "two-thread timings mostly measure scheduler stalls at thread barriers, not the engines. "
+        "‡: other processes left fewer free cores than the run had threads (free < threads - 0.5): "
+        "not representative of the engine.",
         "", *latency,
         "", "## Latency spread: min / median / p90 (ms)", "", *spreads,
         "", "## Cold compile time (s)", "",

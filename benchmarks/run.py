@@ -33,16 +33,16 @@ class Settings:
     engines: list[str]
     threads: list[int]
     quick: bool = False
-    rounds: int = 10
-    block_s: float = 0.2          # one engine's timing block per round
+    rounds: int = 20
+    block_s: float = 0.1          # one engine's timing block per round: short blocks mix load bursts evenly
     min_calls: int = 3            # per block, and for the warm-up
     warmup_s: float = 0.5
     serve_case: str = "mlp_b1"    # the two-Python-thread throughput check, engines at 1 thread
     serve_s: float = 1.0
     serve_reps: int = 3
     quiet_cores: float = 0.3      # before each round, wait for other processes to use fewer cores than this,
-    quiet_wait_s: float = 2.0     # for at most this long per round
-    quiet_budget_s: float = 10.0  # and this long per row
+    quiet_wait_s: float = 1.0     # for at most this long per round
+    quiet_budget_s: float = 6.0   # and this long per row
     cuvil_dynamic: bool = False   # pass the zoo's dynamic-dim hints to cuvil.compile
 
     @classmethod

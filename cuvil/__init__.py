@@ -3,6 +3,7 @@
     import cuvil
     result = cuvil.import_model(model, (x,), dynamic={"x": {0: "batch"}})   # graph IR
     report = cuvil.explain(model, x)                                         # every pass, before/after
+    fast = cuvil.compile(model, dynamic={"x": {0: "batch"}})                 # native code, GIL released
 """
 __version__ = "0.1.0"
 
@@ -13,9 +14,11 @@ from .frontend import import_model
 from .passes import ModulePass, PassManager, Pipeline, register_pass, register_pipeline
 from .report import CompileReport
 from .explain import explain
+from .compiled import CompiledModel, compile
 
 __all__ = [
     "CuvilError", "CuvilParseError", "CuvilPassError", "CuvilPipelineError", "CuvilUnsupportedOpError",
     "CuvilVerifyError", "Module", "custom_op", "interpret", "parse", "print_module", "verify", "import_model",
     "ModulePass", "PassManager", "Pipeline", "register_pass", "register_pipeline", "CompileReport", "explain",
+    "compile", "CompiledModel",
 ]

@@ -32,7 +32,7 @@ from .codegen.lower import (INLINE_OPS, REMATERIALIZED, SKIP_OPS, LoweredKernel,
 from .errors import CuvilError
 from .ir.core import Builder, Function, Module, Operation, Value
 from .ir.printer import print_module, value_names
-from .ir.types import norm_dim
+from .ir.types import norm_dim, sym
 from .memory_plan import BufferUse, MemoryPlan, plan_memory
 from .passes import IRSnapshot, PassManager, VerifyEach
 from .report import CompileReport, source_lines
@@ -45,20 +45,22 @@ Grouping = Callable[[Function], "list[list[Operation]]"]
 
 def group_single_ops(fn: Function) -> list[list[Operation]]:
     """No fusion: one kernel per op. Views and inline constants still go with the ops that read them
-    (they are index arithmetic, recomputed where they are read), and get a kernel of their own only
-    when something needs them in memory (a return, a GEMM operand)."""
+    (they are index arithmetic, recomputed where they are read), except GEMM-based ops, which read
+    their operands from memory; a view gets a kernel of its own when something needs it in memory
+    (a return, a GEMM operand)."""
     groups = []
     for op in fn.ops:
         if op.name in SKIP_OPS or (op_kind(op) in REMATERIALIZED and not _needs_memory(op)):
             continue
-        group, frontier = [op], list(op.operands)
+        group = [op]
+        frontier = [] if op_kind(op) in ("library", "unsupported") else list(op.operands)
         while frontier:
             p = frontier.pop().owner
             if isinstance(p, Operation) and p not in group and op_kind(p) in REMATERIALIZED:
                 group.append(p)
                 frontier.extend(p.operands)
-        groups.append(sorted(group, key=fn.ops.index))
-    return groups
+        groups.append(group)
+    return split_for_memory(fn, groups)
 
 
 def _needs_memory(op: Operation) -> bool:
@@ -67,28 +69,34 @@ def _needs_memory(op: Operation) -> bool:
 
 
 def group_fused(fn: Function) -> list[list[Operation]]:
-    """`group_elementwise_chains`, then every value a kernel must read from memory is taken out of
-    its group into a kernel of its own (with what it is computed from): the table of a gather, and a
-    GEMM result that feeds a window or gather op (a GEMM's epilogue sees only the tile the GEMM just
-    computed; a window, e.g. a depthwise conv after a conv, reads neighbours too)."""
+    """`group_elementwise_chains`, made safe by `split_for_memory`."""
+    return split_for_memory(fn, group_elementwise_chains(fn))
+
+
+def split_for_memory(fn: Function, groups: list[list[Operation]]) -> list[list[Operation]]:
+    """Take every value a kernel must read from memory out of its group, into a kernel of its own
+    (with what it is computed from): the table of a gather, and a GEMM result that feeds a window or
+    gather op (a GEMM's epilogue sees only the tile the GEMM just computed; a window, e.g. a
+    depthwise conv after a conv, reads neighbours too). Groups come back in program order."""
     order = {id(op): i for i, op in enumerate(fn.ops)}
-    todo, out = group_elementwise_chains(fn), []
+    todo, out = list(groups), []
     while todo:
         group = todo.pop()
         members = {id(op) for op in group}
         p = next((op for op in group if _must_be_in_memory(op, members)), None)
         if p is None:
-            out.append(group)
+            if members not in (set(map(id, g)) for g in out):   # a view carved out twice is stored once
+                out.append(sorted(group, key=lambda op: order[id(op)]))
             continue
         carved = _with_ancestors(p, members)
         rest = [op for op in group if id(op) not in carved]
         kept = {id(op) for op in rest}
         for op in reversed(group):   # views and constants the rest still reads stay there too
-            if id(op) in carved and op_kind(op) in REMATERIALIZED and any(
+            if id(op) in carved and op is not p and op_kind(op) in REMATERIALIZED and any(
                     id(u) in kept for r in op.results for u in r.uses):
                 rest.append(op)
                 kept.add(id(op))
-        todo += [[op for op in group if id(op) in carved], sorted(rest, key=lambda op: order[id(op)])]
+        todo += [[op for op in group if id(op) in carved], rest]
     return sorted(out, key=lambda g: order[id(g[-1])])
 
 
@@ -207,14 +215,14 @@ class Sizes:
     """Values of a size expression at fixed symbol values (cached: the planner asks often)."""
 
     def __init__(self, values: dict[str, int]):
-        self.values = {sympy.Symbol(k, integer=True, positive=True): v for k, v in values.items()}
+        self.values = {sym(k): sympy.Integer(v) for k, v in values.items()}
         self._cache: dict = {}
 
     def __call__(self, e) -> int:
         if isinstance(e, int):
             return e
         if e not in self._cache:
-            self._cache[e] = int(sympy.sympify(e).subs(self.values))
+            self._cache[e] = int(sympy.sympify(e).xreplace(self.values))
         return self._cache[e]
 
 
@@ -355,6 +363,16 @@ def _critical_path(deps_of: list[set[int]]) -> list[int]:
         for d in deps_of[k]:
             depth[d] = max(depth[d], depth[k] + 1)
     return depth
+
+
+def symbol_sizes(fn: Function, inputs) -> dict[str, int]:
+    """The values of `fn`'s dynamic dims in `inputs` (tensors, one per argument)."""
+    sizes: dict[str, int] = {}
+    for a, x in zip(fn.args, inputs):
+        for d, n in zip(a.type.shape, x.shape):
+            if not isinstance(d, int) and d.is_Symbol:
+                sizes.setdefault(d.name, int(n))
+    return sizes
 
 
 # ----------------------------------------------------------------------------- the native model

@@ -1,56 +1,59 @@
-"""`cuvil.explain`: import a model, run a pipeline with every instrument on, and return the report."""
+"""`cuvil.explain`: import a model, run a pipeline with every instrument on, compile it natively, and
+return the report."""
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
+from .compiler import compile_module, grouping_for, symbol_sizes
 from .frontend import ImportResult, import_model
-from .ir import Module, parse, print_module
-from .passes import Instrument, IRSnapshot, PassManager, VerifyEach
-from .report import CompileReport, source_lines
+from .ir import Module, parse
+from .report import CompileReport
 
 DEFAULT_PIPELINE = "O1"
 
 
 def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DEFAULT_PIPELINE,
-            dynamic=None, ranges=None, name: str | None = None, instruments: Sequence[Instrument] = ()) -> CompileReport:
+            dynamic=None, ranges=None, name: str | None = None, native: bool = True,
+            enable_fusion: Any = True) -> CompileReport:
     """Compile `fn_or_module` (an `nn.Module`, a function, a cuvil `Module` or IR text) and report
     what every pass did: IR before and after, time, changed or not, statistics.
+
+    With `native` (the default) the result of the pipeline is also compiled to native kernels, and
+    the report gains the kernels (ops, source lines, kernel IR, LLVM IR, assembly), the schedule and
+    the memory plan. When Cuvil cannot compile the model natively, those sections stay empty and
+    `report.phases` ends with a "native" entry holding the reason.
 
         report = cuvil.explain(model, x, dynamic={"x": {0: "batch"}})
         report.passes[2]["ir_after"]
     """
     t0 = time.perf_counter()
-    imported = _to_module(fn_or_module, example_inputs, dynamic, ranges)
-    module = imported.module if isinstance(imported, ImportResult) else imported
-    import_s = imported.time_s if isinstance(imported, ImportResult) else time.perf_counter() - t0
-    phases = [{"name": "import", "time_s": import_s}]
-    input_ir = print_module(module)
-
-    t0 = time.perf_counter()
-    manager = PassManager(pipeline, instruments=[IRSnapshot(), VerifyEach(), *instruments])
-    records = manager.run(module)
-    phases.append({"name": "passes", "time_s": time.perf_counter() - t0})
-
-    return CompileReport(
-        name=name or _name_of(fn_or_module),
-        input_ir=input_ir,
-        output_ir=print_module(module),
-        pipeline=manager.spec,
-        passes=[r.to_json() for r in records],
-        sources=source_lines(module.main),
-        phases=phases,
-    )
+    module, sizes = _to_module(fn_or_module, example_inputs, dynamic, ranges)
+    phases = [{"name": "import", "time_s": time.perf_counter() - t0}]
+    return compile_module(module, pipeline=pipeline, name=name or _name_of(fn_or_module), native=native,
+                          grouping=grouping_for(enable_fusion), hint_sizes=sizes, phases=phases,
+                          raise_errors=False).report
 
 
-def _to_module(obj, example_inputs, dynamic, ranges) -> Module | ImportResult:
-    if isinstance(obj, (Module, ImportResult)):
-        return obj
+def _to_module(obj, example_inputs, dynamic, ranges) -> tuple[Module, dict[str, int]]:
+    """The module, and the sizes of its dynamic dims in the example (the memory plan is shown at them)."""
+    if isinstance(obj, Module):
+        return obj, {}
     if isinstance(obj, str):
-        return parse(obj)
-    return import_model(obj, example_inputs or None, dynamic=dynamic, ranges=ranges)
+        return parse(obj), {}
+    if not isinstance(obj, ImportResult):
+        obj = import_model(obj, example_inputs or None, dynamic=dynamic, ranges=ranges)
+    return obj.module, _example_sizes(obj)
+
+
+def _example_sizes(imported: ImportResult) -> dict[str, int]:
+    example = imported.exported.example_inputs
+    if example is None:
+        return {}
+    leaves = imported.exported.call_spec.in_spec.flatten_up_to(example)
+    return symbol_sizes(imported.function, [leaves[i] for i in imported.tensor_positions])
 
 
 def _name_of(obj) -> str:

@@ -111,11 +111,24 @@ def _same(a, b) -> bool:
 
 
 def _max(sizes: Sequence):
-    ints = [s for s in sizes if isinstance(s, int)]
-    exprs = [s for s in sizes if not isinstance(s, int)]
-    if not exprs:
-        return max(ints)
-    return norm_dim(sympy.Max(*exprs, *([max(ints)] if ints else [])))
+    """The Max of sizes, without those another size is never below (sympy's own Max compares
+    arguments much more slowly)."""
+    kept: list = []
+    for s in sorted(sizes, key=lambda e: -len(str(e))):
+        if any(_never_below(k, s) for k in kept):
+            continue
+        kept = [k for k in kept if not _never_below(s, k)] + [s]
+    return kept[0] if len(kept) == 1 else norm_dim(sympy.Max(*kept, evaluate=False))
+
+
+def _never_below(a, b) -> bool:
+    """a >= b for every value of the (positive) symbols: a - b is a polynomial with no negative coefficient."""
+    d = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
+    if d.is_Number:
+        return d >= 0
+    if not d.is_polynomial(*d.free_symbols):
+        return False
+    return all(c >= 0 for c in sympy.Poly(d, *d.free_symbols).coeffs())
 
 
 def _prefix_sums(sizes: Sequence) -> list:

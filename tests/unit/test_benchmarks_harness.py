@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import engines
 from benchmarks.models import EltwiseChain
-from benchmarks.report import render_markdown, unavailable_cells, write_results
+from benchmarks.report import crowded, fmt_ms, render_markdown, unavailable_cells, write_results
 from benchmarks.run import ENGINE_NAMES, Settings, main, parse_settings, run_suite
 from benchmarks.stats import max_abs_error, speedup, summarize
 from benchmarks.suite import select
@@ -36,6 +36,14 @@ def test_max_abs_error_against_reference():
         max_abs_error(ref, [ref[0], np.zeros(1, np.float32)])
     with pytest.raises(ValueError, match="1 output\\(s\\), eager gives 2"):
         max_abs_error(ref, ref[:1])
+
+
+def test_number_formats_and_crowded_rows():
+    assert [fmt_ms(x) for x in (0.0123, 0.456, 4.567, 184.3)] == ["12.3 µs", "0.456 ms", "4.57 ms", "184 ms"]
+    assert crowded({"other_load_cores": 1.2}, threads=2, cores=2)
+    assert not crowded({"other_load_cores": 0.2}, threads=2, cores=2)
+    assert not crowded({"other_load_cores": 1.0}, threads=1, cores=2)
+    assert not crowded({"other_load_cores": None}, threads=2, cores=2)
 
 
 def test_describe_error_keeps_type_and_first_line():

@@ -1,0 +1,551 @@
+"""`cuvil.compile`: a function or `nn.Module` compiled to native code, recompiled when calls need it.
+
+    @cuvil.compile                                   # or cuvil.compile(model, dynamic=..., threads=4)
+    def f(x: "f32[B,512]"):                          # B: a dynamic dimension
+        return torch.relu(x @ w)
+
+The first call captures the target with the call's inputs (torch.export), runs the pass pipeline,
+compiles the kernels and loads the program into the native engine; later calls whose inputs pass
+the compiled variant's guard run natively with the GIL released. A guard checks what the variant
+was compiled for: dtypes, ranks, static dims, the ranges of the dynamic dims and that every use
+of one dynamic dim agrees, and the values of non-tensor arguments. A call no variant accepts
+compiles a new variant, and `explain_recompiles()` says why:
+
+- a static dim changed: the new variant makes it dynamic (automatic dynamic shapes), or compiles
+  it static when torch.export cannot keep it dynamic;
+- a dynamic dim left its range: the range grows to include the size;
+- a dtype, rank or non-tensor argument changed: the new variant is compiled for the new call.
+
+Size-0/1 dims cannot be captured as dynamic (torch specialises them), so when a dynamic dim is 0
+or 1 in the call that triggers a compile, the capture sees the input repeated to size 2.
+Weights are compiled in as constants: the model's parameters at the first call.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import threading
+import time
+import warnings
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from .compiler import Compilation, compile_module, grouping_for, symbol_sizes
+from .errors import CuvilError
+from .frontend import ImportResult, import_model
+from .frontend.annotations import function_annotations
+from .frontend.export import CuvilExportError, input_names
+from .report import CompileReport
+from .runtime import get_num_threads, set_num_threads
+from .runtime.exprs import evaluate, to_postfix
+
+BACKENDS = ("llvm",)
+FALLBACKS = ("error", "eager")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    backend: str = "llvm"                 # the code generator; LLVM (host CPU) is the one there is
+    enable_fusion: Any = True             # True: fused groups; False: one kernel per op; or a grouping
+    pipeline: str = "O1"                  # the graph pass pipeline
+    dynamic: Any = None                   # dynamic dims, as `import_model` takes them
+    ranges: dict | None = None            # {"batch": (1, 64)}
+    threads: int | None = None            # the engine's thread pool size (process-wide)
+    fallback: str = "error"               # "eager": run in PyTorch what Cuvil cannot compile
+    cache: bool = True                    # the on-disk object cache
+    max_recompiles: int = 8               # then calls no variant accepts run in eager PyTorch
+
+    @staticmethod
+    def of(options: dict[str, Any]) -> "CompileOptions":
+        known = [f.name for f in fields(CompileOptions)]
+        unknown = [k for k in options if k not in known]
+        if unknown:
+            hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, known, 1)) else f"'{k}'"
+                     for k in unknown]
+            raise CuvilError(f"cuvil.compile: unknown option {', '.join(hints)}; the options are {', '.join(known)}")
+        opts = CompileOptions(**options)
+        if opts.backend not in BACKENDS:
+            raise CuvilError(f"cuvil.compile: unknown backend {opts.backend!r}; available: {', '.join(BACKENDS)}")
+        if opts.fallback not in FALLBACKS:
+            raise CuvilError(f"cuvil.compile: fallback must be one of {', '.join(map(repr, FALLBACKS))}, "
+                             f"not {opts.fallback!r}")
+        if opts.threads is not None and not (isinstance(opts.threads, int) and opts.threads >= 1):
+            raise CuvilError(f"cuvil.compile: threads must be a positive int, not {opts.threads!r}")
+        grouping_for(opts.enable_fusion)   # a bad grouping name fails here, not at the first call
+        return opts
+
+
+def compile(target: Callable | None = None, /, **options) -> "CompiledModel | Callable[[Callable], CompiledModel]":
+    """Compile a function or `nn.Module`; `@cuvil.compile` and `@cuvil.compile(option=...)` both work.
+
+    Options: backend ("llvm"), enable_fusion (True/False), pipeline ("O1"), dynamic
+    (`{"x": {0: "batch"}}` or one dict per positional input), ranges (`{"batch": (1, 64)}`),
+    threads, fallback ("error" or "eager"), cache, max_recompiles."""
+    opts = CompileOptions.of(options)
+    if target is None:
+        return lambda t: CompiledModel(t, opts)
+    return CompiledModel(target, opts)
+
+
+# ----------------------------------------------------------------------------- guards
+
+
+@dataclass(frozen=True)
+class _TensorCheck:
+    dtype: torch.dtype
+    rank: int
+    static: tuple      # (axis, size)
+    bind: tuple        # (axis, symbol number)
+    derived: tuple     # (axis, postfix expression)
+
+
+class Guard:
+    """What one compiled variant accepts. `match` is the per-call fast path (symbol values or None);
+    `mismatches` explains a refusal in words (the slow path, only when a call is refused)."""
+
+    def __init__(self, imported: ImportResult, example_leaves: list):
+        fn = imported.function
+        self.imported = imported
+        self.in_spec = imported.exported.call_spec.in_spec
+        self.symbols = list(fn.symbols)
+        self.ranges = [fn.symbols[s] for s in self.symbols]
+        self.hints = {s: (imported.symbols[s].hint if s in imported.symbols else None) for s in self.symbols}
+        index = {s: i for i, s in enumerate(self.symbols)}
+        self.names = [a.name or f"input {i}" for i, a in enumerate(fn.args)]
+        self.tensor_positions = imported.tensor_positions
+        checks = []
+        for a in fn.args:
+            static, bind, derived = [], [], []
+            for axis, d in enumerate(a.type.shape):
+                if isinstance(d, int):
+                    static.append((axis, d))
+                elif d.is_Symbol:
+                    bind.append((axis, index[d.name]))
+                else:
+                    derived.append((axis, to_postfix(d, index)))
+            checks.append(_TensorCheck(a.type.dtype.torch, a.type.rank, tuple(static), tuple(bind), tuple(derived)))
+        self.checks = checks
+        tensors = set(self.tensor_positions)
+        self.constants = {i: v for i, v in enumerate(example_leaves) if i not in tensors}
+        # the common case, a flat tuple of tensors: no pytree walk per call
+        n = len(example_leaves)
+        self.positional = n if (not self.constants and self.tensor_positions == list(range(n))
+                                and self.in_spec == pytree.tree_structure((tuple(range(n)), {}))) else None
+
+    def leaves(self, args: tuple, kwargs: dict) -> list | None:
+        try:
+            return self.in_spec.flatten_up_to((args, kwargs))
+        except (ValueError, TypeError, KeyError, RuntimeError):
+            return None
+
+    def match(self, args: tuple, kwargs: dict) -> tuple[list, list[int]] | None:
+        """(the input tensors, the symbol values) if this variant accepts the call."""
+        if self.positional is not None and not kwargs and len(args) == self.positional:
+            tensors = args
+        else:
+            leaves = self.leaves(args, kwargs)
+            if leaves is None or any(not _same_constant(leaves[i], v) for i, v in self.constants.items()):
+                return None
+            tensors = [leaves[i] for i in self.tensor_positions]
+        values = [0] * len(self.symbols)
+        for x, c in zip(tensors, self.checks):
+            if not isinstance(x, torch.Tensor) or x.dtype != c.dtype or x.dim() != c.rank \
+                    or x.device.type != "cpu" or x.layout != torch.strided:
+                return None
+            shape = x.shape
+            for axis, n in c.static:
+                if shape[axis] != n:
+                    return None
+            for axis, s in c.bind:
+                if values[s] == 0:
+                    values[s] = shape[axis]
+                elif values[s] != shape[axis]:
+                    return None
+        for v, (lo, hi) in zip(values, self.ranges):
+            if not lo <= v <= hi:
+                return None
+        for x, c in zip(tensors, self.checks):
+            for axis, e in c.derived:
+                if x.shape[axis] != evaluate(e, values):
+                    return None
+        return tensors, values
+
+    def mismatches(self, args: tuple, kwargs: dict) -> list["Mismatch"]:
+        leaves = self.leaves(args, kwargs)
+        if leaves is None:
+            return [Mismatch("structure", f"the call's arguments are not structured like the compiled call's "
+                                          f"({self.in_spec.num_leaves} values)")]
+        out = []
+        for i, v in self.constants.items():
+            if not _same_constant(leaves[i], v):
+                out.append(Mismatch("constant", f"non-tensor argument {i} is {leaves[i]!r}, compiled for {v!r} "
+                                                f"(non-tensor arguments are compiled in as constants)"))
+        seen: dict[int, tuple[int, str, int]] = {}
+        for k, (pos, c) in enumerate(zip(self.tensor_positions, self.checks)):
+            x, where = leaves[pos], f"input {k} ({self.names[k]})"
+            if not isinstance(x, torch.Tensor):
+                out.append(Mismatch("type", f"{where} is a {type(x).__name__}, compiled for a tensor"))
+                continue
+            if x.device.type != "cpu" or x.layout != torch.strided:
+                out.append(Mismatch("device", f"{where} is a {x.layout} tensor on {x.device}; Cuvil runs dense "
+                                              f"CPU tensors"))
+            if x.dtype != c.dtype:
+                out.append(Mismatch("dtype", f"{where} has dtype {x.dtype}, compiled for {c.dtype}", k))
+            if x.dim() != c.rank:
+                out.append(Mismatch("rank", f"{where} has rank {x.dim()} (shape {list(x.shape)}), compiled for "
+                                            f"rank {c.rank}", k))
+                continue
+            for axis, n in c.static:
+                if x.shape[axis] != n:
+                    out.append(Mismatch("static", f"{where} dim {axis} is {x.shape[axis]}, compiled for {n} "
+                                                  f"(a static dim)", k, axis, x.shape[axis], n))
+            for axis, s in c.bind:
+                v, (lo, hi), name = x.shape[axis], self.ranges[s], self._symbol_name(s)
+                if not lo <= v <= hi:
+                    out.append(Mismatch("range", f"{where} dim {axis} is {v}: {name} is outside its compiled "
+                                                 f"range [{lo}, {hi}]", k, axis, v, symbol=self.symbols[s]))
+                if s in seen and seen[s][2] != v:
+                    k0, where0, v0 = seen[s]
+                    out.append(Mismatch("inconsistent", f"{where0} and {where} dim {axis} are both {name} but "
+                                                        f"differ ({v0} vs {v})", k, axis, v, symbol=self.symbols[s]))
+                seen.setdefault(s, (k, where, v))
+        return out
+
+    def _symbol_name(self, s: int) -> str:
+        hint = self.hints[self.symbols[s]]
+        return f"{hint} ({self.symbols[s]})" if hint else self.symbols[s]
+
+
+@dataclass
+class Mismatch:
+    kind: str            # structure constant type device dtype rank static range inconsistent
+    text: str
+    input: int | None = None
+    axis: int | None = None
+    size: int | None = None
+    was: int | None = None
+    symbol: str | None = None
+
+
+def _same_constant(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:       # values whose == is not a bool (arrays...) are never the same constant
+        return False
+
+
+# ----------------------------------------------------------------------------- variants
+
+
+class Variant:
+    """One compilation: the import, the native program, the guard and the report."""
+
+    def __init__(self, imported: ImportResult, compilation: Compilation, guard: Guard, sizes: dict[str, int]):
+        self.imported, self.compilation, self.guard, self.sizes = imported, compilation, guard, sizes
+        self.native = compilation.native
+        program = self.native.program
+        index = {s: i for i, s in enumerate(program.symbols)}
+        self._outputs = [([to_postfix(d, index) for d in t.shape], t.dtype.torch) for t in program.outputs]
+        self._engine = self.native.executable.engine
+        self._detailed = False
+
+    def run(self, tensors, symbols: list[int]):
+        inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
+        outputs = [torch.empty([evaluate(d, symbols) for d in shape], dtype=dtype) for shape, dtype in self._outputs]
+        self._engine.run([(x.data_ptr(), x.nbytes) for x in inputs], [(y.data_ptr(), y.nbytes) for y in outputs],
+                         symbols, False)
+        return self.imported.unflatten(outputs)
+
+    @property
+    def report(self) -> CompileReport:
+        if not self._detailed:
+            self.native.fill_report(self.compilation.report, self.sizes)
+            self._detailed = True
+        return self.compilation.report
+
+
+class CompiledModel:
+    """A compiled function or module: call it like the original. See the module docstring."""
+
+    def __init__(self, target: Callable, options: CompileOptions | None = None,
+                 on_fallback: Callable[[str], None] | None = None):
+        if not callable(target):
+            raise CuvilError(f"cuvil.compile takes a function or an nn.Module, not a {type(target).__name__}")
+        self.target = target
+        self.options = options or CompileOptions()
+        self._variants: tuple[Variant, ...] = ()
+        self._recompiles: list[str] = []
+        self._lock = threading.Lock()
+        self._fallback_reason: str | None = None
+        self._report: CompileReport | None = None
+        self._auto: dict[str, dict[int, str]] = {}          # dims made dynamic after a recompile
+        self._ranges: dict[str, tuple[int, int]] = dict(self.options.ranges or {})
+        self._dynamic: dict[str, dict[int, str]] | None = None
+        self._on_fallback = on_fallback or (lambda reason: warnings.warn(
+            f"cuvil: {self._name()} runs in eager PyTorch: {reason}", stacklevel=5))
+        if not isinstance(target, nn.Module):
+            functools.update_wrapper(self, target)
+        if self.options.threads is not None:
+            set_num_threads(self.options.threads)
+
+    # -- calling
+    def __call__(self, *args, **kwargs):
+        for v in self._variants:
+            hit = v.guard.match(args, kwargs)
+            if hit is not None:
+                return v.run(*hit)
+        variant = self._compile_for(args, kwargs) if self._fallback_reason is None else None
+        if variant is None:
+            return self.target(*args, **kwargs)
+        hit = variant.guard.match(args, kwargs)
+        if hit is None:
+            raise CuvilError("internal error: a variant compiled for this call does not accept it: "
+                             + "; ".join(m.text for m in variant.guard.mismatches(args, kwargs)))
+        return variant.run(*hit)
+
+    def compile_for(self, *args, **kwargs) -> None:
+        """Compile for a call like this one now, without running it (the first call would)."""
+        if not any(v.guard.match(args, kwargs) is not None for v in self._variants):
+            self._compile_for(args, kwargs)
+
+    def profile(self, *args, **kwargs):
+        """Run once natively, recording each kernel call: (outputs, [StepTiming]); also stored in
+        `report.profile["run"]`."""
+        self(*args, **kwargs)      # compiles if needed
+        for v in self._variants:
+            hit = v.guard.match(args, kwargs)
+            if hit is not None:
+                outputs, timings = v.native.executable.profile(*hit[0])
+                v.report.profile["run"] = [t._asdict() for t in timings]
+                return v.imported.unflatten(list(outputs)), timings
+        raise CuvilError(f"this call runs in eager PyTorch ({self._fallback_reason or 'no compiled variant'}); "
+                         f"there is no native run to profile")
+
+    # -- what happened
+    @property
+    def report(self) -> CompileReport:
+        """The CompileReport of the latest compilation (kernels, schedule and memory plan included)."""
+        if self._report is None:
+            raise CuvilError("nothing compiled yet: the first call compiles")
+        for v in self._variants:
+            if v.compilation.report is self._report:
+                return v.report
+        return self._report
+
+    def explain_recompiles(self) -> list[str]:
+        """Why each compilation after the first happened (and when calls went to eager PyTorch)."""
+        return list(self._recompiles)
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why every call runs in eager PyTorch (fallback="eager"), or None."""
+        return self._fallback_reason
+
+    @property
+    def num_variants(self) -> int:
+        return len(self._variants)
+
+    @property
+    def threads(self) -> int:
+        return get_num_threads()
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        self.set_threads(n)
+
+    def set_threads(self, n: int) -> None:
+        """Threads of the native engine's pool. The pool is shared by the process: this applies to
+        every compiled model."""
+        if not (isinstance(n, int) and n >= 1):
+            raise CuvilError(f"threads must be a positive int, not {n!r}")
+        set_num_threads(n)
+
+    # -- compiling
+    def _compile_for(self, args: tuple, kwargs: dict) -> Variant | None:
+        with self._lock:
+            for v in self._variants:         # another thread may have compiled it meanwhile
+                if v.guard.match(args, kwargs) is not None:
+                    return v
+            if self._fallback_reason is not None:
+                return None
+            reasons = self._variants[-1].guard.mismatches(args, kwargs) if self._variants else []
+            if self._variants and len(self._variants) > self.options.max_recompiles:
+                text = "; ".join(m.text for m in reasons)
+                warnings.warn(f"cuvil: {self._name()} reached max_recompiles={self.options.max_recompiles}; "
+                              f"this call runs in eager PyTorch ({text})", stacklevel=3)
+                self._recompiles.append(f"eager (max_recompiles={self.options.max_recompiles} reached): {text}")
+                return None
+            note = self._plan(reasons, args, kwargs)
+            try:
+                variant = self._compile(args, kwargs)
+            except CuvilExportError as e:
+                if not note.get("auto"):
+                    return self._fail(e)
+                for name, axis in note["auto"]:     # torch.export could not keep them dynamic
+                    del self._auto[name][axis]
+                note["static"] = str(e).splitlines()[0]
+                try:
+                    variant = self._compile(args, kwargs)
+                except Exception as e2:
+                    return self._fail(e2)
+            except Exception as e:
+                return self._fail(e)
+            if reasons:
+                text = "; ".join(m.text for m in reasons)
+                action = self._describe(note)
+                self._recompiles.append(f"recompiled (variant {len(self._variants) + 1}): {text}"
+                                        + (f" -> {action}" if action else ""))
+            self._variants = (*self._variants, variant)
+            self._report = variant.compilation.report
+            return variant
+
+    def _fail(self, e: Exception) -> None:
+        if self.options.fallback != "eager" or isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise e
+        reason = f"{type(e).__name__}: {e}"
+        self._fallback_reason = reason
+        self._on_fallback(reason)
+        report = CompileReport(name=self._name(), phases=[{"name": "fallback", "time_s": 0.0, "fallback": "eager",
+                                                           "reason": reason}])
+        if self._report is not None and not any(v.compilation.report is self._report for v in self._variants):
+            # keep what the failed compilation got to (its IR and passes)
+            report = replace(self._report, phases=[*self._report.phases, *report.phases])
+        self._report = report
+        if self._variants:
+            self._recompiles.append(f"eager from now on for calls no compiled variant accepts: {reason}")
+        return None
+
+    def _plan(self, reasons: list[Mismatch], args: tuple, kwargs: dict) -> dict:
+        """Adjust the dynamic dims and ranges for the mismatches that call for it."""
+        note: dict = {"auto": [], "widened": []}
+        if not self._variants:
+            return note
+        guard = self._variants[-1].guard
+        params = self._param_names(args, kwargs)
+        named: dict[tuple[int, int], str] = {}
+        for m in reasons:
+            if m.kind == "static" and guard.names[m.input] in params:
+                name = guard.names[m.input]
+                dim = named.setdefault((m.was, m.size), f"{name}_dim{m.axis}")
+                self._auto.setdefault(name, {})[m.axis] = dim
+                note["auto"].append((name, m.axis))
+            elif m.kind == "range":
+                hint = guard.imported.symbols[m.symbol].hint or m.symbol
+                lo, hi = guard.imported.symbols[m.symbol].range
+                self._ranges[hint] = (min(lo, m.size), max(hi, m.size))
+                note["widened"].append((hint, self._ranges[hint]))
+        return note
+
+    @staticmethod
+    def _describe(note: dict) -> str:
+        parts = [f"{name} dim {axis} made dynamic" for name, axis in note.get("auto", [])]
+        parts += [f"range of {hint} widened to [{lo}, {hi}]" for hint, (lo, hi) in note.get("widened", [])]
+        if note.get("static"):
+            parts = [f"compiled static (torch.export could not keep the dims dynamic: {note['static']})"]
+        return ", ".join(parts)
+
+    def _compile(self, args: tuple, kwargs: dict) -> Variant:
+        phases: list[dict] = []
+        self._report = None
+        example = _as_example(self._forward(), args, kwargs)
+        hints = self._hints(example)
+        t = time.perf_counter()
+        imported = import_model(self.target, _capture_example(self._forward(), example, hints), dynamic=hints or None,
+                                ranges=self._ranges or None, name=self._ir_name())
+        phases.append({"name": "import", "time_s": time.perf_counter() - t})
+        leaves = imported.exported.call_spec.in_spec.flatten_up_to(
+            (example, {}) if isinstance(example, tuple) else ((), example))
+        sizes = symbol_sizes(imported.function, [leaves[i] for i in imported.tensor_positions])
+        self._report = CompileReport(name=self._name(), input_ir="", phases=phases)
+        compilation = compile_module(imported.module, pipeline=self.options.pipeline, name=self._name(),
+                                     grouping=grouping_for(self.options.enable_fusion),
+                                     cache="disk" if self.options.cache else None, hint_sizes=sizes,
+                                     phases=phases, raise_errors=False, details=False)
+        self._report = compilation.report
+        if compilation.error is not None:
+            raise compilation.error
+        return Variant(imported, compilation, Guard(imported, leaves), sizes)
+
+    def _hints(self, example) -> dict[str, dict[int, str]]:
+        """Dynamic dims by parameter name: the user's (or the annotations'), plus automatic ones."""
+        if self._dynamic is None:
+            dynamic = self.options.dynamic
+            if isinstance(dynamic, dict):
+                ranges = {k: v for k, v in dynamic.items() if isinstance(v, tuple)}
+                self._ranges = {**ranges, **self._ranges}
+                dynamic = {k: v for k, v in dynamic.items() if not isinstance(v, tuple)}
+            elif dynamic is not None:
+                names = input_names(self._forward(), len(example) if isinstance(example, tuple) else 0)
+                dynamic = {n: h for n, h in zip(names, dynamic) if h}
+            else:
+                dynamic = {n: a.hints() for n, a in function_annotations(self._forward()).items() if a.hints()}
+            self._dynamic = dynamic
+        values = _named(self._forward(), example)
+        out: dict[str, dict[int, str]] = {}
+        for src in (self._dynamic, self._auto):
+            for name, axes in src.items():
+                x = values.get(name)
+                for axis, dim in axes.items():
+                    if isinstance(x, torch.Tensor) and -x.dim() <= axis < x.dim():
+                        out.setdefault(name, {})[axis % x.dim()] = dim
+        return out
+
+    def _param_names(self, args: tuple, kwargs: dict) -> set[str]:
+        return set(_named(self._forward(), _as_example(self._forward(), args, kwargs)))
+
+    def _forward(self) -> Callable:
+        return self.target.forward if isinstance(self.target, nn.Module) else self.target
+
+    def _name(self) -> str:
+        t = self.target
+        return type(t).__name__ if isinstance(t, nn.Module) else getattr(t, "__name__", type(t).__name__)
+
+    def _ir_name(self) -> str:
+        name = self._name()
+        return name if name.isidentifier() else "forward"
+
+    def __repr__(self) -> str:
+        state = f"eager: {self._fallback_reason}" if self._fallback_reason else f"{len(self._variants)} variant(s)"
+        return f"<cuvil.CompiledModel {self._name()} ({state})>"
+
+
+def _as_example(fn: Callable, args: tuple, kwargs: dict):
+    """The call as torch.export takes it: a positional tuple, or (with keywords) a dict by name."""
+    if not kwargs:
+        return tuple(args)
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise CuvilError(f"the call does not match {getattr(fn, '__name__', 'the function')}'s signature: {e}") \
+            from None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in bound.signature.parameters.values()
+           if p.name in bound.arguments):
+        raise CuvilError("cuvil.compile: keyword arguments together with *args/**kwargs parameters are not "
+                         "supported; pass the inputs positionally")
+    return dict(bound.arguments)
+
+
+def _named(fn: Callable, example) -> dict[str, Any]:
+    return dict(example) if isinstance(example, dict) else dict(zip(input_names(fn, len(example)), example))
+
+
+def _capture_example(fn: Callable, example, hints: dict[str, dict[int, str]]):
+    """The example torch.export sees: dims marked dynamic that are 0 or 1 in the call grow to 2
+    (repeating the data, so value-dependent code still sees real values). The tensors are aliases:
+    torch.export marks the dynamic dims on the tensors it gets, and the caller's must stay unmarked
+    (Dynamo guards on those marks)."""
+    named = {k: x.detach() if isinstance(x, torch.Tensor) else x for k, x in _named(fn, example).items()}
+    for name, axes in hints.items():
+        x = named[name]
+        for axis in axes:
+            if x.shape[axis] == 1:
+                x = torch.cat([x, x], axis)
+            elif x.shape[axis] == 0:
+                x = x.new_zeros([2 if k == axis else n for k, n in enumerate(x.shape)])
+        named[name] = x
+    return named if isinstance(example, dict) else tuple(named.values())

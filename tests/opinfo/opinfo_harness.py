@@ -1,0 +1,249 @@
+"""Run PyTorch OpInfo samples through Cuvil and compare with eager.
+
+A sample (`SampleInput(input, args, kwargs)`) becomes a function of its tensors, with every other
+argument baked in. The samples of one (OpInfo, dtype) are batched into one function (one export,
+one native compile); if the batch does not go through, each sample is retried alone so that a
+refusal or a crash is pinned on the sample that causes it.
+
+Each sample goes the whole way: `import_model` (torch.export, static shapes) -> the reference
+interpreter on the imported IR -> `compile_module` (the O1 pipeline, then native code) -> the
+interpreter on the optimised IR and the native engine. All three results are compared with eager.
+"""
+from __future__ import annotations
+
+import functools
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from cuvil.compiler import compile_module
+from cuvil.errors import CuvilError
+from cuvil.frontend import import_model
+from cuvil.ir import interpret
+
+from skips import Refusal, matching_refusal
+
+MAX_SAMPLES = 8          # the first N samples of each (OpInfo, dtype): deterministic under the seed
+SEED = 0
+# Inductor's OpInfo test loosens torch.testing's fp32 default (1.3e-6, 1e-5) the same way
+RTOL, ATOL = 1.3e-5, 1.5e-5
+# A float result that misses those still passes when its error against an fp64 reference is at
+# most FP64_FACTOR x eager's own (Dynamo's accuracy rule; reductions accumulate in another order)
+FP64_FACTOR = 2.0
+
+
+@functools.cache
+def op_db() -> dict[str, object]:
+    """OpInfo key (`name` or `name[variant]`) -> OpInfo; importing op_db takes ~10 s, so once."""
+    from torch.testing._internal.common_methods_invocations import op_db as db
+    return {opinfo_key(op): op for op in db}
+
+
+def opinfo_key(op) -> str:
+    return op.name + (f"[{op.variant_test_name}]" if op.variant_test_name else "")
+
+
+def samples_of(op, dtype: torch.dtype) -> list:
+    torch.manual_seed(SEED)
+    return list(op.sample_inputs("cpu", dtype, requires_grad=False))[:MAX_SAMPLES]
+
+
+# ----------------------------------------------------------------------------- wrapping samples
+
+
+@dataclass
+class Case:
+    """One sample as a call on its tensors (other arguments baked in)."""
+    index: int
+    sample: object
+    leaves: list
+    spec: pytree.TreeSpec
+    positions: list[int]          # which leaves are tensors
+
+    @staticmethod
+    def of(index: int, sample) -> "Case":
+        leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+        return Case(index, sample, leaves, spec, [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)])
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.leaves[i] for i in self.positions]
+
+    def call(self, op, tensors) -> list:
+        leaves = list(self.leaves)
+        for i, t in zip(self.positions, tensors):
+            leaves[i] = t
+        x, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return pytree.tree_leaves(op.op(x, *args, **kwargs))
+
+    def describe(self) -> str:
+        s = self.sample
+        shapes = [tuple(t.shape) for t in self.tensors]
+        others = [x for i, x in enumerate(self.leaves) if i not in self.positions]
+        return f"sample {self.index} (tensors {shapes}, other args {others}, kwargs {list(s.kwargs)})"
+
+
+def batched(op, cases: list[Case]) -> Callable:
+    """One function of all the cases' tensors, returning all their outputs flat."""
+    def fn(*tensors):
+        outs, k = [], 0
+        for c in cases:
+            n = len(c.positions)
+            outs += c.call(op, tensors[k:k + n])
+            k += n
+        return tuple(outs)
+    return fn
+
+
+# ----------------------------------------------------------------------------- running and comparing
+
+
+@dataclass
+class CuvilRun:
+    """Cuvil's results for a batch: per path, the flat outputs; and the ATen ops the export held."""
+    results: dict[str, list[torch.Tensor]]
+    aten_ops: set[str]
+
+
+def run_cuvil(fn: Callable, tensors: list[torch.Tensor]) -> CuvilRun:
+    imported = import_model(fn, tuple(tensors))
+    aten_ops = {str(n.target) for n in imported.exported.graph.nodes if n.op == "call_function"}
+    inputs = imported.flatten_inputs(*tensors)
+    results = {"interpreter (imported IR)": interpret(imported.module, *inputs)}
+    compiled = compile_module(imported.module, pipeline="O1", details=False)
+    results["interpreter (after O1)"] = interpret(imported.module, *inputs)
+    results["native"] = list(compiled.native(*inputs))
+    return CuvilRun(results, aten_ops)
+
+
+def mismatch(actual, expected: torch.Tensor, ref64: Callable[[], torch.Tensor | None]) -> str | None:
+    """Why `actual` does not match eager's `expected`, or None when it does."""
+    if not isinstance(actual, torch.Tensor):
+        return f"returned {type(actual).__name__}, eager a tensor"
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return f"{actual.dtype}{list(actual.shape)}, eager {expected.dtype}{list(expected.shape)}"
+    if not expected.is_floating_point():
+        return None if torch.equal(actual, expected) else _close_message(actual, expected, 0, 0)
+    why = _close_message(actual, expected, RTOL, ATOL)
+    if why is None:
+        return None
+    ref = ref64()
+    if ref is None:
+        return why
+    if not torch.equal(actual.isnan(), expected.isnan()):
+        return why + "\n(NaNs differ from eager's)"
+    ok = ~expected.isnan()
+    err = _max_error(actual[ok], ref[ok])
+    eager_err = _max_error(expected[ok], ref[ok])
+    if err <= FP64_FACTOR * eager_err:
+        return None
+    return why + f"\n(against fp64: error {err:.3g} > {FP64_FACTOR} x eager's {eager_err:.3g})"
+
+
+def _close_message(actual, expected, rtol, atol) -> str | None:
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def _max_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    d = (a.double() - ref.double()).abs()
+    d[a.isinf() & (a == ref)] = 0        # matching infinities are exact
+    return d.max().item()
+
+
+def fp64_reference(op, case: Case, index: int) -> torch.Tensor | None:
+    """Output `index` of the case computed in float64 (None when the op has no float64 support or
+    the sample has no float tensor to widen)."""
+    if torch.float64 not in op.supported_dtypes("cpu") or not any(t.is_floating_point() for t in case.tensors):
+        return None
+    wide = [t.double() if t.is_floating_point() else t for t in case.tensors]
+    return case.call(op, wide)[index]
+
+
+# ----------------------------------------------------------------------------- outcomes
+
+
+@dataclass
+class Outcome:
+    case: Case
+    status: str                          # "passed" | "refused" | "failed"
+    detail: str = ""
+    refusal: Refusal | None = None
+
+
+@dataclass
+class OpResult:
+    key: str
+    dtype: torch.dtype
+    outcomes: list[Outcome] = field(default_factory=list)
+    aten_ops: set[str] = field(default_factory=set)    # exported ATen ops, and ATen ops Cuvil refused
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+
+def run_opinfo(key: str, dtype: torch.dtype) -> OpResult:
+    op = op_db()[key]
+    cases = [Case.of(i, s) for i, s in enumerate(samples_of(op, dtype))]
+    result = OpResult(key, dtype)
+    eager = {c.index: c.call(op, [t.clone() for t in c.tensors]) for c in cases}
+    try:
+        run = run_cuvil(batched(op, cases), [t for c in cases for t in c.tensors])
+    except Exception:       # noqa: BLE001 - retried one by one below, where it is judged
+        run = None
+    if run is not None:
+        result.aten_ops |= run.aten_ops
+        k = 0
+        for c in cases:
+            n = len(eager[c.index])
+            result.outcomes.append(_judge(op, c, eager[c.index], {p: r[k:k + n] for p, r in run.results.items()}))
+            k += n
+        return result
+    for c in cases:
+        try:
+            one = run_cuvil(batched(op, [c]), c.tensors)
+        except CuvilError as e:
+            result.outcomes.append(_refused(key, dtype, c, e))
+            if getattr(e, "op_name", "").startswith("aten."):
+                result.aten_ops.add(e.op_name)
+            continue
+        except Exception:   # noqa: BLE001 - a crash inside Cuvil: always a failure
+            result.outcomes.append(Outcome(c, "failed", "crash (not a CuvilError):\n" + traceback.format_exc(limit=-6)))
+            continue
+        result.aten_ops |= one.aten_ops
+        result.outcomes.append(_judge(op, c, eager[c.index], one.results))
+    return result
+
+
+def _judge(op, case: Case, eager: list, results: dict[str, list]) -> Outcome:
+    problems = []
+    for path, outs in results.items():
+        if len(outs) != len(eager):
+            problems.append(f"{path}: {len(outs)} outputs, eager {len(eager)}")
+            continue
+        for i, (a, e) in enumerate(zip(outs, eager)):
+            why = mismatch(a, e, functools.cache(lambda i=i: fp64_reference(op, case, i)))
+            if why:
+                problems.append(f"{path}, output {i}: {why}")
+    if problems:
+        return Outcome(case, "failed", "wrong result:\n" + "\n".join(problems))
+    return Outcome(case, "passed")
+
+
+def _refused(key: str, dtype: torch.dtype, case: Case, e: CuvilError) -> Outcome:
+    entry = matching_refusal(key, dtype, str(e))
+    if entry is None:
+        return Outcome(case, "failed", f"refused with no skip entry: {type(e).__name__}: {e}")
+    return Outcome(case, "refused", str(e), entry)

@@ -1,0 +1,247 @@
+"""PyTorch's OpInfo samples (torch 2.13 `op_db`) through Cuvil, against eager.
+
+`OPINFOS` maps every row of the frontend's `ATEN_TABLE` to the OpInfos whose samples reach it
+after torch.export; `skips.UNMAPPED` explains the rows no OpInfo reaches. `TESTED_DTYPES` says in
+which dtypes each OpInfo runs (float32, plus the integer and bool dtypes where both the OpInfo and
+Cuvil's op support them). Every sample must match eager through the imported IR, the O1 IR and the
+native code, or be refused with a CuvilError that `skips.REFUSALS` lists with a reason.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from cuvil.frontend.aten_table import ATEN_TABLE
+from cuvil.frontend.importer import op_name
+
+import skips
+from opinfo_harness import op_db, run_opinfo
+
+f32, i64, i32, b8 = torch.float32, torch.int64, torch.int32, torch.bool
+
+# ATen row -> the OpInfos whose samples exercise it
+OPINFOS: dict[str, list[str]] = {
+    # elementwise, unary
+    "aten.relu.default": ["nn.functional.relu"],
+    "aten.neg.default": ["neg"],
+    "aten.abs.default": ["abs"],
+    "aten.exp.default": ["exp"],
+    "aten.log.default": ["log"],
+    "aten.sqrt.default": ["sqrt"],
+    "aten.rsqrt.default": ["rsqrt"],
+    "aten.sin.default": ["sin"],
+    "aten.cos.default": ["cos"],
+    "aten.tanh.default": ["tanh"],
+    "aten.sigmoid.default": ["sigmoid"],
+    "aten.silu.default": ["nn.functional.silu"],
+    "aten.erf.default": ["erf"],
+    "aten.reciprocal.default": ["reciprocal"],
+    "aten.logical_not.default": ["logical_not"],
+    "aten.bitwise_not.default": ["bitwise_not"],
+    "aten.floor.default": ["floor"],
+    "aten.ceil.default": ["ceil"],
+    "aten.round.default": ["round"],
+    "aten.sign.default": ["sign"],
+    "aten.gelu.default": ["nn.functional.gelu"],
+    "aten.clamp.default": ["clamp"],
+    "aten.clamp_min.default": ["clamp_min"],
+    "aten.clamp_max.default": ["clamp_max"],
+    "aten.hardtanh.default": ["nn.functional.hardtanh"],
+    "aten.leaky_relu.default": ["nn.functional.leaky_relu"],
+    "aten._to_copy.default": ["to", "float", "long", "bool"],
+    # elementwise, binary
+    "aten.add.Tensor": ["add"],
+    "aten.add.Scalar": ["add"],
+    "aten.sub.Tensor": ["sub"],
+    "aten.sub.Scalar": ["sub"],
+    "aten.rsub.Scalar": ["rsub"],
+    "aten.mul.Tensor": ["mul"],
+    "aten.mul.Scalar": ["mul"],
+    "aten.div.Tensor": ["div[no_rounding_mode]"],
+    "aten.div.Scalar": ["div[no_rounding_mode]"],
+    "aten.div.Tensor_mode": ["div[floor_rounding]", "div[trunc_rounding]"],
+    "aten.floor_divide.default": ["floor_divide"],
+    "aten.remainder.Tensor": ["remainder"],
+    "aten.remainder.Scalar": ["remainder"],
+    "aten.pow.Tensor_Scalar": ["pow"],
+    "aten.pow.Tensor_Tensor": ["pow"],
+    "aten.pow.Scalar": ["__rpow__"],
+    "aten.maximum.default": ["maximum"],
+    "aten.minimum.default": ["minimum"],
+    "aten.eq.Tensor": ["eq"],
+    "aten.eq.Scalar": ["eq"],
+    "aten.ne.Tensor": ["ne"],
+    "aten.ne.Scalar": ["ne"],
+    "aten.lt.Tensor": ["lt"],
+    "aten.lt.Scalar": ["lt"],
+    "aten.le.Tensor": ["le"],
+    "aten.le.Scalar": ["le"],
+    "aten.gt.Tensor": ["gt"],
+    "aten.gt.Scalar": ["gt"],
+    "aten.ge.Tensor": ["ge"],
+    "aten.ge.Scalar": ["ge"],
+    "aten.logical_and.default": ["logical_and"],
+    "aten.logical_or.default": ["logical_or"],
+    "aten.bitwise_and.Tensor": ["bitwise_and"],
+    "aten.bitwise_or.Tensor": ["bitwise_or"],
+    "aten.where.self": ["where"],
+    "aten.masked_fill.Scalar": ["masked_fill"],
+    "aten.masked_fill.Tensor": ["masked_fill"],
+    # reductions and normalisations
+    "aten.sum.default": ["sum"],
+    "aten.sum.dim_IntList": ["sum"],
+    "aten.mean.default": ["mean"],
+    "aten.mean.dim": ["mean"],
+    "aten.amax.default": ["amax"],
+    "aten.amin.default": ["amin"],
+    "aten.prod.dim_int": ["prod"],
+    "aten.var.correction": ["var", "var[unbiased]"],
+    "aten.max.dim": ["max[reduction_with_dim]"],
+    "aten.argmax.default": ["argmax"],
+    "aten.argmin.default": ["argmin"],
+    "aten.softmax.int": ["softmax"],
+    "aten._softmax.default": ["softmax[with_dtype]"],
+    "aten.log_softmax.int": ["log_softmax"],
+    "aten._log_softmax.default": ["log_softmax[with_dtype]"],
+    "aten.cumsum.default": ["cumsum"],
+    "aten.layer_norm.default": ["nn.functional.layer_norm"],
+    "aten.native_layer_norm.default": ["native_layer_norm"],
+    "aten.rms_norm.default": ["nn.functional.rms_norm"],
+    "aten._native_batch_norm_legit_no_training.default": ["nn.functional.batch_norm"],
+    # linear algebra, convolution, pooling, attention
+    "aten.linear.default": ["nn.functional.linear"],
+    "aten.matmul.default": ["matmul"],
+    "aten.mm.default": ["mm"],
+    "aten.bmm.default": ["bmm"],
+    "aten.addmm.default": ["addmm"],
+    "aten.conv2d.default": ["nn.functional.conv2d"],
+    "aten.convolution.default": ["nn.functional.conv_transpose2d"],
+    "aten.max_pool2d.default": ["nn.functional.max_pool2d"],
+    "aten.max_pool2d_with_indices.default": ["nn.functional.max_pool2d"],
+    "aten.avg_pool2d.default": ["nn.functional.avg_pool2d"],
+    "aten.adaptive_avg_pool2d.default": ["nn.functional.adaptive_avg_pool2d"],
+    "aten._adaptive_avg_pool2d.default": ["nn.functional.adaptive_avg_pool2d"],
+    "aten.embedding.default": ["nn.functional.embedding"],
+    "aten.scaled_dot_product_attention.default": ["nn.functional.scaled_dot_product_attention"],
+    # shapes, views, indexing
+    "aten.view.default": ["view"],
+    "aten._unsafe_view.default": ["matmul"],
+    "aten.reshape.default": ["reshape"],
+    "aten.expand.default": ["expand"],
+    "aten.permute.default": ["permute"],
+    "aten.transpose.int": ["transpose"],
+    "aten.t.default": ["t"],
+    "aten.slice.Tensor": ["narrow"],
+    "aten.select.int": ["select"],
+    "aten.split_with_sizes.default": ["split_with_sizes"],
+    "aten.split.Tensor": ["split"],
+    "aten.cat.default": ["cat"],
+    "aten.unsqueeze.default": ["unsqueeze"],
+    "aten.squeeze.default": ["squeeze"],
+    "aten.squeeze.dim": ["squeeze"],
+    "aten.squeeze.dims": ["squeeze[multiple]"],
+    "aten.index_select.default": ["index_select"],
+    "aten.gather.default": ["gather"],
+    "aten.index.Tensor": ["__getitem__"],
+    "aten.triu.default": ["triu"],
+    "aten.tril.default": ["tril"],
+    # tensor factories
+    "aten.full.default": ["full"],
+    "aten.full_like.default": ["full_like"],
+    "aten.new_full.default": ["new_full"],
+    "aten.zeros.default": ["zeros"],
+    "aten.zeros_like.default": ["zeros_like"],
+    "aten.new_zeros.default": ["new_zeros"],
+    "aten.ones.default": ["ones"],
+    "aten.ones_like.default": ["ones_like"],
+    "aten.new_ones.default": ["new_ones"],
+    "aten.scalar_tensor.default": ["scalar_tensor"],
+    "aten.arange.default": ["arange"],
+    "aten.arange.start": ["arange"],
+    "aten.arange.start_step": ["arange"],
+    # value-semantics no-ops
+    "aten.clone.default": ["clone"],
+    "aten.alias.default": ["alias_copy"],
+}
+
+F = (f32,)
+FI = (f32, i64)
+FIB = (f32, i64, b8)
+FIIB = (f32, i64, i32, b8)
+
+# OpInfo -> dtypes it runs in (float32 only unless listed)
+TESTED_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "neg": FI, "abs": FI, "exp": FI, "sign": FIB, "logical_not": FIB, "bitwise_not": (i64, b8),
+    "clamp": FI, "to": FIB, "float": FIB, "long": FIB, "bool": FIB,
+    "add": FIIB, "sub": FI, "mul": FIIB, "div[no_rounding_mode]": FI, "div[floor_rounding]": FI,
+    "div[trunc_rounding]": FI, "floor_divide": FI, "remainder": FI, "pow": FI, "maximum": FIB, "minimum": FI,
+    "eq": FIB, "ne": FIB, "lt": FI, "le": FI, "gt": FI, "ge": FI, "logical_and": FIB, "logical_or": FIB,
+    "bitwise_and": (i64, b8), "bitwise_or": (i64, b8), "where": FIB, "masked_fill": FIB,
+    "sum": FIB, "amax": FIB, "amin": FI, "prod": FI, "max[reduction_with_dim]": FIB, "argmax": FI, "argmin": FI,
+    "cumsum": FI, "cat": FIIB, "permute": FIB, "expand": FIB, "view": FI, "narrow": FIB, "select": FIB,
+    "split": FI, "index_select": FIB, "gather": FI, "__getitem__": FIB, "triu": FIB, "tril": FI,
+    "full": FIB, "zeros": FI, "ones": FIB, "arange": FI, "clone": FIB,
+}
+
+
+def tested_opinfos() -> list[str]:
+    return sorted({k for keys in OPINFOS.values() for k in keys})
+
+
+CASES = [(key, dt) for key in tested_opinfos() for dt in TESTED_DTYPES.get(key, F)]
+
+
+@functools.cache
+def result(key: str, dtype: torch.dtype):
+    return run_opinfo(key, dtype)
+
+
+def _id(case) -> str:
+    key, dtype = case
+    return f"{key}-{str(dtype).removeprefix('torch.')}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_opinfo_samples_match_eager(case):
+    key, dtype = case
+    assert dtype in op_db()[key].supported_dtypes("cpu"), f"{key} has no {dtype} samples; fix TESTED_DTYPES"
+    r = result(key, dtype)
+    assert r.outcomes, f"{key} yields no {dtype} samples"
+    report = [f"{o.case.describe()}: {o.detail}" for o in r.failures]
+    assert not report, f"{len(report)} of {len(r.outcomes)} samples of {key} ({dtype}) failed:\n\n" + "\n\n".join(report)
+    assert r.count("passed") > 0, f"every sample of {key} ({dtype}) is refused: list it in skips.UNMAPPED instead"
+
+
+def test_every_aten_row_is_mapped_or_explained():
+    rows = {op_name(target) for target in ATEN_TABLE}
+    missing = sorted(r for r in rows if not OPINFOS.get(r) and r not in skips.UNMAPPED)
+    assert not missing, f"ATen rows with neither an OpInfo nor a skips.UNMAPPED reason: {missing}"
+    stale = sorted((set(OPINFOS) | set(skips.UNMAPPED)) - rows)
+    assert not stale, f"mapped or explained rows that ATEN_TABLE no longer has: {stale}"
+    both = sorted(set(OPINFOS) & set(skips.UNMAPPED))
+    assert not both, f"rows both mapped and explained as unmapped: {both}"
+    assert all(reason.strip() for reason in skips.UNMAPPED.values())
+
+
+def test_every_mapped_opinfo_exists():
+    unknown = [k for k in tested_opinfos() if k not in op_db()]
+    assert not unknown, f"no OpInfo named {unknown} in torch's op_db"
+
+
+def test_each_row_is_reached_by_its_opinfos():
+    """The mapping is honest: some sample of the row's OpInfos exports to that ATen overload."""
+    unreached = []
+    for row, keys in OPINFOS.items():
+        if not any(row in result(k, dt).aten_ops for k in keys for dt in TESTED_DTYPES.get(k, F)):
+            unreached.append(f"{row} (by {keys})")
+    assert not unreached, "rows no sample of their mapped OpInfos reaches:\n" + "\n".join(unreached)
+
+
+def test_every_skip_entry_is_used():
+    """An entry no sample needs any more is stale: delete it so the list stays short and true."""
+    used = {id(o.refusal) for key, dt in CASES for o in result(key, dt).outcomes if o.refusal is not None}
+    unused = [f"{r.op}: {r.message!r}" for r in skips.REFUSALS if id(r) not in used]
+    assert not unused, "skip entries no sample needs:\n" + "\n".join(unused)
+    assert all(r.reason.strip() for r in skips.REFUSALS)

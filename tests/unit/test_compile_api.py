@@ -1,0 +1,309 @@
+"""`cuvil.compile`: the decorator forms, options, dynamic dims from annotations, guards and
+recompiles, outputs that alias inputs or weights, unsupported ops, eager fallback, threads, and the
+report's native sections."""
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cuvil
+from cuvil.compiled import CompiledModel
+from cuvil.runtime import get_num_threads, set_num_threads
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+# ----------------------------------------------------------------------------- forms and options
+
+def test_bare_decorator_with_annotations_compiles_once_for_every_batch():
+    @cuvil.compile
+    def f(x: "f32[B,16]", y: "f32[B,16]"):
+        return torch.tanh(x) * y + 1
+
+    assert isinstance(f, CompiledModel) and f.__name__ == "f"
+    for b in (1, 5, 2):        # B=1 first: the capture sees it grown to 2, the range still starts at 1
+        x, y = torch.randn(b, 16), torch.randn(b, 16)
+        torch.testing.assert_close(f(x, y), torch.tanh(x) * y + 1)
+    assert f.num_variants == 1 and f.explain_recompiles() == []
+    assert "tensor<s0x16xf32>" in f.report.input_ir          # B became the symbol s0
+    assert "s0 = [1, " in f.report.input_ir
+
+
+def test_decorator_with_options_and_fusion_switch():
+    def g(x):
+        return torch.sigmoid(x * 3 - 1).sum(-1)
+
+    fused = cuvil.compile(backend="llvm", enable_fusion=True)(g)
+    unfused = cuvil.compile(backend="llvm", enable_fusion=False)(g)
+    x = torch.randn(6, 10)
+    torch.testing.assert_close(fused(x), g(x))
+    torch.testing.assert_close(unfused(x), g(x))
+    assert len(fused.report.kernels) == 1                  # mul, sub, sigmoid, sum in one kernel
+    assert len(unfused.report.kernels) == 4
+
+
+def test_unknown_option_is_a_clear_error():
+    with pytest.raises(cuvil.CuvilError, match=r"unknown option 'enable_fusoin' \(did you mean 'enable_fusion'\?\)"):
+        cuvil.compile(enable_fusoin=True)
+    with pytest.raises(cuvil.CuvilError, match="unknown backend 'cuda'; available: llvm"):
+        cuvil.compile(Net(), backend="cuda")
+    with pytest.raises(cuvil.CuvilError, match="fallback must be one of"):
+        cuvil.compile(Net(), fallback="maybe")
+    with pytest.raises(cuvil.CuvilError, match="takes a function or an nn.Module"):
+        cuvil.compile(42)
+
+
+def test_module_keeps_its_output_structure():
+    class Two(nn.Module):
+        def forward(self, x):
+            return {"double": x * 2, "pair": (x + 1, x.sum(0))}
+
+    m = cuvil.compile(Two())
+    x = torch.randn(3, 5)
+    out = m(x)
+    assert set(out) == {"double", "pair"} and isinstance(out["pair"], tuple)
+    torch.testing.assert_close(out["double"], x * 2)
+    torch.testing.assert_close(out["pair"][0], x + 1)
+    torch.testing.assert_close(out["pair"][1], x.sum(0))
+
+
+def test_keyword_arguments():
+    net = Net().eval()
+    m = cuvil.compile(net, dynamic={"x": {0: "batch"}})
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x=x), net(x))
+        torch.testing.assert_close(m(x=torch.randn(7, 16)).shape, torch.Size([7, 4]))
+    assert m.num_variants == 1
+
+
+# ----------------------------------------------------------------------------- outputs that alias
+
+def test_outputs_that_are_inputs_weights_or_repeated_get_their_own_buffers():
+    class Alias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 3))
+
+        def forward(self, x):
+            y = x * 2
+            return x, self.w, y, y, x.t()
+
+    model = Alias()
+    m = cuvil.compile(model)
+    x = torch.randn(3, 4)
+    outs = m(x)
+    with torch.no_grad():
+        want = model(x)
+    for o, w in zip(outs, want):
+        torch.testing.assert_close(o, w)
+    # every output is fresh memory: writing one changes neither the input, the weight, nor another output
+    ptrs = {o.data_ptr() for o in outs}
+    assert len(ptrs) == 5 and x.data_ptr() not in ptrs and model.w.data_ptr() not in ptrs
+    outs[2].zero_()
+    torch.testing.assert_close(outs[3], x * 2)
+
+
+# ----------------------------------------------------------------------------- guards and recompiles
+
+def test_recompile_on_dtype_change_says_why():
+    h = cuvil.compile(lambda x: x * 2 + 1)
+    a, b = torch.randn(3, 4), torch.arange(12).reshape(3, 4)
+    torch.testing.assert_close(h(a), a * 2 + 1)
+    torch.testing.assert_close(h(b), b * 2 + 1)
+    torch.testing.assert_close(h(a), a * 2 + 1)            # the first variant still serves f32
+    assert h.num_variants == 2
+    [why] = h.explain_recompiles()
+    assert "input 0 (x) has dtype torch.int64, compiled for torch.float32" in why
+
+
+def test_recompile_outside_the_range_widens_it():
+    net = Net().eval()
+    m = cuvil.compile(net, dynamic={"x": {0: "batch"}}, ranges={"batch": (1, 4)})
+    for b in (2, 4, 9, 6):
+        x = torch.randn(b, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), net(x))
+    assert m.num_variants == 2                             # 6 is inside the widened range
+    [why] = m.explain_recompiles()
+    assert "input 0 (x) dim 0 is 9: batch (s0) is outside its compiled range [1, 4]" in why
+    assert "range of batch widened to [1, 9]" in why
+
+
+def test_static_dim_change_makes_the_dim_dynamic():
+    g = cuvil.compile(lambda x: x.sum(0))
+    for n in (3, 4, 5, 8):
+        x = torch.randn(n, 7)
+        torch.testing.assert_close(g(x), x.sum(0))
+    assert g.num_variants == 2
+    [why] = g.explain_recompiles()
+    assert "input 0 (x) dim 0 is 4, compiled for 3 (a static dim)" in why and "x dim 0 made dynamic" in why
+
+
+def test_non_tensor_arguments_are_compiled_in_and_guarded():
+    def scale(x, k: float):
+        return x * k
+
+    s = cuvil.compile(scale)
+    x = torch.randn(5)
+    torch.testing.assert_close(s(x, 2.0), x * 2)
+    torch.testing.assert_close(s(x, 3.0), x * 3)
+    assert s.num_variants == 2
+    assert "non-tensor argument 1 is 3.0, compiled for 2.0" in s.explain_recompiles()[0]
+
+
+def test_guard_refuses_mismatched_calls():
+    net = Net().eval()
+    m = cuvil.compile(net, dynamic={"x": {0: "batch"}}, ranges={"batch": (1, 8)})
+    m(torch.randn(2, 16))
+    guard = m._variants[0].guard
+    assert guard.match((torch.randn(3, 16),), {}) is not None
+    for bad in (torch.randn(3, 15), torch.randn(3, 16, 1), torch.randn(9, 16), torch.randn(3, 16).half()):
+        assert guard.match((bad,), {}) is None
+        assert guard.mismatches((bad,), {})
+    strided = torch.randn(16, 3).t()           # non-contiguous: accepted, copied before the run
+    assert guard.match((strided,), {}) is not None
+    with torch.no_grad():
+        torch.testing.assert_close(m(strided), net(strided))
+    assert m.num_variants == 1
+
+
+# ----------------------------------------------------------------------------- unsupported ops
+
+def _topk(x):
+    return torch.topk(x, 2).values * 2
+
+
+def test_unsupported_op_is_a_clear_error():
+    f = cuvil.compile(_topk)
+    with pytest.raises(cuvil.CuvilUnsupportedOpError, match="unsupported op 'aten.topk.default'") as info:
+        f(torch.randn(4, 6))
+    assert "test_compile_api.py" in str(info.value)        # the user's source line
+
+
+def test_eager_fallback_runs_the_model_and_says_why():
+    f = cuvil.compile(_topk, fallback="eager")
+    x = torch.randn(4, 6)
+    with pytest.warns(UserWarning, match="runs in eager PyTorch.*aten.topk.default"):
+        out = f(x)
+    torch.testing.assert_close(out, _topk(x))
+    assert "aten.topk.default" in f.fallback_reason
+    [phase] = [p for p in f.report.phases if p["name"] == "fallback"]
+    assert phase["fallback"] == "eager" and "aten.topk.default" in phase["reason"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # later calls: eager, silently
+        torch.testing.assert_close(f(x + 1), _topk(x + 1))
+
+
+# ----------------------------------------------------------------------------- threads
+
+def test_two_threads_give_bit_identical_results():
+    net = Net().eval()
+    m = cuvil.compile(net, dynamic={"x": {0: "batch"}})
+    inputs = [torch.randn(b, 16) for b in (1, 7, 33, 64)]
+    single = [m(x) for x in inputs]
+    results, errors = {}, []
+
+    def work(t):
+        try:
+            results[t] = [[m(x) for x in inputs] for _ in range(20)]
+        except Exception as e:   # reported below: an exception in a thread would otherwise vanish
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for runs in results.values():
+        for run in runs:
+            for got, want in zip(run, single):
+                assert torch.equal(got, want)
+
+
+def test_threads_option_and_setter():
+    before = get_num_threads()
+    try:
+        m = cuvil.compile(Net().eval(), threads=1)
+        assert get_num_threads() == 1 and m.threads == 1
+        m.threads = 2
+        assert get_num_threads() == 2
+        with pytest.raises(cuvil.CuvilError, match="threads must be a positive int"):
+            cuvil.compile(Net(), threads=0)
+    finally:
+        set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- the report
+
+def test_report_has_kernels_schedule_memory_and_phases():
+    net = Net().eval()
+    m = cuvil.compile(net, dynamic={"x": {0: "batch"}})
+    m(torch.randn(5, 16))
+    r = m.report
+    names = [p["name"] for p in r.phases]
+    for phase in ("import", "passes", "lowering", "program", "engine"):
+        assert phase in names
+    assert len(r.kernels) == 2 and len(r.schedule) == 2
+    k = r.kernels[0]
+    assert [op["name"] for op in k["ops"]] == ["cuvil.linear", "cuvil.relu"]
+    assert any("test_compile_api.py" in s for s in k["sources"])
+    assert k["kernel_ir"].startswith("kernel @") and "define" in k["llvm_ir"] and k["asm"]
+    assert r.schedule[1]["deps"] == [0]
+    mem = r.memory
+    assert mem["sizes"] == {"s0": 5}
+    [buf] = mem["buffers"]                   # the hidden activation: batch x 32 floats at batch 5
+    assert buf["size"] == 5 * 32 * 4 and buf["first_step"] == 0 and buf["last_step"] == 1
+    assert mem["arena_bytes"] >= buf["size"] and mem["naive_bytes"] >= mem["arena_bytes"]
+    r.dumps()                                # plain JSON
+
+
+def test_profile_records_every_step():
+    m = cuvil.compile(Net().eval())
+    x = torch.randn(3, 16)
+    out, timings = m.profile(x)
+    torch.testing.assert_close(out, m(x))
+    assert {t.step for t in timings} == {0, 1} and all(t.end_ns >= t.start_ns for t in timings)
+    assert len(m.report.profile["run"]) == len(timings)
+
+
+def test_explain_native_sections():
+    net = Net().eval()
+    report = cuvil.explain(net, torch.randn(3, 16), dynamic={"x": {0: "batch"}})
+    assert len(report.kernels) == 2 and report.schedule and report.memory["buffers"]
+    assert report.memory["sizes"] == {"s0": 3}
+    assert [g["name"] for g in report.fusion["groups"]] == [k["name"] for k in report.kernels]
+    plain = cuvil.explain(net, torch.randn(3, 16), native=False)
+    assert plain.kernels == [] and plain.schedule == []
+
+
+def test_explain_records_why_native_compilation_failed():
+    text = """
+cuvil.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %w = cuvil.const @w : tensor<4xf32>
+  %0 = cuvil.add %x, %w : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  cuvil.return %0 : tensor<4xf32>
+}
+"""
+    report = cuvil.explain(text)
+    assert report.kernels == []
+    [native] = [p for p in report.phases if p["name"] == "native"]
+    assert "constant @w has no data" in native["error"]
