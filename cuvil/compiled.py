@@ -40,6 +40,7 @@ from .errors import CuvilError
 from .frontend import ImportResult, import_model
 from .frontend.annotations import function_annotations
 from .frontend.export import CuvilExportError, input_names
+from .passes import Pipeline
 from .report import CompileReport
 from .runtime import get_num_threads, set_num_threads
 from .runtime.exprs import evaluate, to_postfix
@@ -76,7 +77,10 @@ class CompileOptions:
                              f"not {opts.fallback!r}")
         if opts.threads is not None and not (isinstance(opts.threads, int) and opts.threads >= 1):
             raise CuvilError(f"cuvil.compile: threads must be a positive int, not {opts.threads!r}")
-        grouping_for(opts.enable_fusion)   # a bad grouping name fails here, not at the first call
+        if not (isinstance(opts.max_recompiles, int) and opts.max_recompiles >= 0):
+            raise CuvilError(f"cuvil.compile: max_recompiles must be an int >= 0, not {opts.max_recompiles!r}")
+        grouping_for(opts.enable_fusion)   # a bad grouping or pipeline fails here, not at the first call
+        Pipeline.of(opts.pipeline)
         return opts
 
 
@@ -286,6 +290,7 @@ class CompiledModel:
         self._auto: dict[str, dict[int, str]] = {}          # dims made dynamic after a recompile
         self._ranges: dict[str, tuple[int, int]] = dict(self.options.ranges or {})
         self._dynamic: dict[str, dict[int, str]] | None = None
+        self._signature: inspect.Signature | None = None
         self._on_fallback = on_fallback or (lambda reason: warnings.warn(
             f"cuvil: {self._name()} runs in eager PyTorch: {reason}", stacklevel=5))
         if not isinstance(target, nn.Module):
@@ -295,6 +300,8 @@ class CompiledModel:
 
     # -- calling
     def __call__(self, *args, **kwargs):
+        if kwargs:
+            args, kwargs = self._canonical(args, kwargs)
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
@@ -308,8 +315,20 @@ class CompiledModel:
                              + "; ".join(m.text for m in variant.guard.mismatches(args, kwargs)))
         return variant.run(*hit)
 
+    def _canonical(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Keyword arguments of leading parameters passed positionally: one form per call, one variant."""
+        if self._signature is None:
+            self._signature = inspect.signature(self._forward())
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise CuvilError(f"the call does not match {self._name()}'s signature: {e}") from None
+        return bound.args, bound.kwargs
+
     def compile_for(self, *args, **kwargs) -> None:
         """Compile for a call like this one now, without running it (the first call would)."""
+        if kwargs:
+            args, kwargs = self._canonical(args, kwargs)
         if not any(v.guard.match(args, kwargs) is not None for v in self._variants):
             self._compile_for(args, kwargs)
 
@@ -317,6 +336,8 @@ class CompiledModel:
         """Run once natively, recording each kernel call: (outputs, [StepTiming]); also stored in
         `report.profile["run"]`."""
         self(*args, **kwargs)      # compiles if needed
+        if kwargs:
+            args, kwargs = self._canonical(args, kwargs)
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
@@ -343,7 +364,7 @@ class CompiledModel:
 
     @property
     def fallback_reason(self) -> str | None:
-        """Why every call runs in eager PyTorch (fallback="eager"), or None."""
+        """Why calls that no compiled variant accepts run in eager PyTorch, or None."""
         return self._fallback_reason
 
     @property
@@ -374,11 +395,12 @@ class CompiledModel:
             if self._fallback_reason is not None:
                 return None
             reasons = self._variants[-1].guard.mismatches(args, kwargs) if self._variants else []
-            if self._variants and len(self._variants) > self.options.max_recompiles:
-                text = "; ".join(m.text for m in reasons)
-                warnings.warn(f"cuvil: {self._name()} reached max_recompiles={self.options.max_recompiles}; "
-                              f"this call runs in eager PyTorch ({text})", stacklevel=3)
-                self._recompiles.append(f"eager (max_recompiles={self.options.max_recompiles} reached): {text}")
+            if len(self._variants) > self.options.max_recompiles:
+                self._fallback_reason = (f"max_recompiles={self.options.max_recompiles} reached; calls no "
+                                         f"compiled variant accepts run in eager PyTorch")
+                self._recompiles.append(f"eager from now on: {self._fallback_reason} (this call: "
+                                        + "; ".join(m.text for m in reasons) + ")")
+                self._on_fallback(self._fallback_reason)
                 return None
             note = self._plan(reasons, args, kwargs)
             try:
@@ -405,7 +427,7 @@ class CompiledModel:
             return variant
 
     def _fail(self, e: Exception) -> None:
-        if self.options.fallback != "eager" or isinstance(e, (KeyboardInterrupt, SystemExit)):
+        if self.options.fallback != "eager":
             raise e
         reason = f"{type(e).__name__}: {e}"
         self._fallback_reason = reason
@@ -536,10 +558,8 @@ def _named(fn: Callable, example) -> dict[str, Any]:
 
 def _capture_example(fn: Callable, example, hints: dict[str, dict[int, str]]):
     """The example torch.export sees: dims marked dynamic that are 0 or 1 in the call grow to 2
-    (repeating the data, so value-dependent code still sees real values). The tensors are aliases:
-    torch.export marks the dynamic dims on the tensors it gets, and the caller's must stay unmarked
-    (Dynamo guards on those marks)."""
-    named = {k: x.detach() if isinstance(x, torch.Tensor) else x for k, x in _named(fn, example).items()}
+    (repeating the data, so value-dependent code still sees real values)."""
+    named = _named(fn, example)
     for name, axes in hints.items():
         x = named[name]
         for axis in axes:

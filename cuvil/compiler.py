@@ -20,21 +20,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
 
 from .codegen.jit import DISK_CACHE, CompiledKernels, compile_kernels
 from .codegen.kernel_ir import Gemm, Kernel, Loop, Reduce
-from .codegen.lower import (INLINE_OPS, REMATERIALIZED, SKIP_OPS, LoweredKernel, group_elementwise_chains,
-                            kernel_name, lower_group, op_kind)
+from .codegen.lower import (INLINE_OPS, REMATERIALIZED, SKIP_OPS, LoweredKernel, fusible_operands,
+                            group_elementwise_chains, kernel_name, lower_group, needs_memory, op_kind)
 from .errors import CuvilError
 from .ir.core import Builder, Function, Module, Operation, Value
 from .ir.printer import print_module, value_names
 from .ir.types import norm_dim, sym
 from .memory_plan import BufferUse, MemoryPlan, plan_memory
-from .passes import IRSnapshot, PassManager, VerifyEach
+from .passes import Instrument, IRSnapshot, PassManager, VerifyEach
 from .report import CompileReport, source_lines
 from .runtime import Executable, Program, Slot, Split, Step, load_module
 
@@ -45,86 +45,25 @@ Grouping = Callable[[Function], "list[list[Operation]]"]
 
 def group_single_ops(fn: Function) -> list[list[Operation]]:
     """No fusion: one kernel per op. Views and inline constants still go with the ops that read them
-    (they are index arithmetic, recomputed where they are read), except GEMM-based ops, which read
-    their operands from memory; a view gets a kernel of its own when something needs it in memory
-    (a return, a GEMM operand)."""
+    (they are index arithmetic, recomputed where they are read), except where an op reads an operand
+    from memory (a GEMM's operands, a gather's table); a view gets a kernel of its own when
+    something needs it in memory (a return, such an operand)."""
     groups = []
     for op in fn.ops:
-        if op.name in SKIP_OPS or (op_kind(op) in REMATERIALIZED and not _needs_memory(op)):
+        if op.name in SKIP_OPS or (op_kind(op) in REMATERIALIZED and not needs_memory(op)):
             continue
         group = [op]
-        frontier = [] if op_kind(op) in ("library", "unsupported") else list(op.operands)
+        frontier = fusible_operands(op)
         while frontier:
             p = frontier.pop().owner
             if isinstance(p, Operation) and p not in group and op_kind(p) in REMATERIALIZED:
                 group.append(p)
-                frontier.extend(p.operands)
+                frontier.extend(fusible_operands(p))
         groups.append(group)
-    return split_for_memory(fn, groups)
+    return groups
 
 
-def _needs_memory(op: Operation) -> bool:
-    return any(u.name == "cuvil.return" or op_kind(u) in ("library", "unsupported")
-               for r in op.results for u in r.uses)
-
-
-def group_fused(fn: Function) -> list[list[Operation]]:
-    """`group_elementwise_chains`, made safe by `split_for_memory`."""
-    return split_for_memory(fn, group_elementwise_chains(fn))
-
-
-def split_for_memory(fn: Function, groups: list[list[Operation]]) -> list[list[Operation]]:
-    """Take every value a kernel must read from memory out of its group, into a kernel of its own
-    (with what it is computed from): the table of a gather, and a GEMM result that feeds a window or
-    gather op (a GEMM's epilogue sees only the tile the GEMM just computed; a window, e.g. a
-    depthwise conv after a conv, reads neighbours too). Groups come back in program order."""
-    order = {id(op): i for i, op in enumerate(fn.ops)}
-    todo, out = list(groups), []
-    while todo:
-        group = todo.pop()
-        members = {id(op) for op in group}
-        p = next((op for op in group if _must_be_in_memory(op, members)), None)
-        if p is None:
-            if members not in (set(map(id, g)) for g in out):   # a view carved out twice is stored once
-                out.append(sorted(group, key=lambda op: order[id(op)]))
-            continue
-        carved = _with_ancestors(p, members)
-        rest = [op for op in group if id(op) not in carved]
-        kept = {id(op) for op in rest}
-        for op in reversed(group):   # views and constants the rest still reads stay there too
-            if id(op) in carved and op is not p and op_kind(op) in REMATERIALIZED and any(
-                    id(u) in kept for r in op.results for u in r.uses):
-                rest.append(op)
-                kept.add(id(op))
-        todo += [[op for op in group if id(op) in carved], rest]
-    return sorted(out, key=lambda g: order[id(g[-1])])
-
-
-def _must_be_in_memory(op: Operation, members: set[int]) -> bool:
-    users = [u for r in op.results for u in r.uses if id(u) in members]
-    if any(op_kind(u) == "gather" and u.operands[0].owner is op for u in users):
-        return True
-    return op_kind(op) == "library" and _feeds_window(op, members)
-
-
-def _feeds_window(op: Operation, members: set[int]) -> bool:
-    users = [u for r in op.results for u in r.uses if id(u) in members]
-    return any(op_kind(u) in ("window", "gather") or _feeds_window(u, members) for u in users)
-
-
-def _with_ancestors(op: Operation, members: set[int]) -> set[int]:
-    out, stack = set(), [op]
-    while stack:
-        q = stack.pop()
-        if id(q) in out:
-            continue
-        out.add(id(q))
-        if op_kind(q) != "library":     # a GEMM's operands are read from memory
-            stack += [v.owner for v in q.operands if isinstance(v.owner, Operation) and id(v.owner) in members]
-    return out
-
-
-GROUPINGS: dict[str, Grouping] = {"fused": group_fused, "single": group_single_ops}
+GROUPINGS: dict[str, Grouping] = {"fused": group_elementwise_chains, "single": group_single_ops}
 
 
 def register_grouping(name: str, grouping: Grouping) -> None:
@@ -170,11 +109,9 @@ NS_PER_STATEMENT = 1
 def iteration_cost_ns(kernel: Kernel, symbols: set[str]) -> Any:
     """Rough nanoseconds of one iteration of a kernel's parallel loop, as an expression over the
     program's symbols (inner extents that depend on loop variables are taken at variable 0)."""
-    loop = kernel.parallel_loop
-    cost = _work(loop.body)
-    expr = sympy.sympify(cost)
-    loop_vars = {s: 0 for s in expr.free_symbols if s.name not in symbols}
-    return norm_dim(sympy.Max(1, expr.subs(loop_vars))) if loop_vars or not expr.is_Integer else max(1, int(expr))
+    expr = sympy.sympify(_work(kernel.parallel_loop.body))
+    expr = expr.xreplace({s: sympy.Integer(0) for s in expr.free_symbols if s.name not in symbols})
+    return norm_dim(sympy.Max(1, expr))
 
 
 def _work(stmts) -> Any:
@@ -291,21 +228,19 @@ def build_program(fn: Function, constants: dict[str, torch.Tensor], lowered: lis
     for b in plan.buffers:
         add(Slot.arena(b.offset, b.use.nbytes), SlotInfo("arena", b.use.name), arena[b.use.name][0])
 
+    deps_of = []
+    for k, (lk, keys) in enumerate(zip(lowered, step_keys)):
+        reads = {producer[key] for key, buf in zip(keys, lk.kernel.buffers) if buf.role == "in" and key in producer}
+        deps_of.append((reads | plan.waits.get(k, set())) - {k})
     symbols = set(fn.symbols)
     steps = []
-    deps_of: list[set[int]] = []
-    for k, (lk, keys) in enumerate(zip(lowered, step_keys)):
-        deps = {producer[key] for key, buf in zip(keys, lk.kernel.buffers) if buf.role == "in" and key in producer}
-        deps = (deps | plan.waits.get(k, set())) - {k}
-        deps_of.append(deps)
+    for lk, keys, deps, priority in zip(lowered, step_keys, deps_of, _critical_path(deps_of)):
         kernel = lk.kernel
         split = None
         if kernel.parallel_loop is not None:
             split = Split(len(kernel.dim_exprs) - 1, _cost_expr(kernel, symbols, hint))
-        steps.append(Step(entry.get(kernel.name, kernel.name), [slot_of[key] for key in keys], list(kernel.dim_exprs), sorted(deps), 0,
-                          split))
-    priorities = _critical_path(deps_of)
-    steps = [Step(s.kernel, s.slots, s.dims, s.deps, p, s.split) for s, p in zip(steps, priorities)]
+        steps.append(Step(entry.get(kernel.name, kernel.name), [slot_of[key] for key in keys],
+                          list(kernel.dim_exprs), sorted(deps), priority, split))
     program = Program([a.type for a in fn.args], [v.type for v in fn.return_op.operands], slots, steps,
                       plan.arena_bytes, dict(fn.symbols), [a.name or f"arg{i}" for i, a in enumerate(fn.args)])
     return ProgramBuild(program, plan, infos)
@@ -423,8 +358,9 @@ class NativeModel:
 
     def _step_json(self, k: int, st: Step) -> dict:
         infos = self.build.slots
-        return {"step": k, "kernel": st.kernel, "slots": [{"slot": s, "kind": infos[s].kind, "name": infos[s].name}
-                                                          for s in st.slots],
+        name = self.lowered[k].kernel.name
+        return {"step": k, "kernel": name, "code_of": st.kernel if st.kernel != name else None,
+                "slots": [{"slot": s, "kind": infos[s].kind, "name": infos[s].name} for s in st.slots],
                 "dims": [str(d) for d in st.dims], "deps": list(st.deps), "priority": st.priority,
                 "split": None if st.split is None else {"extent": str(st.dims[st.split.extent]),
                                                         "cost_ns": str(st.split.cost_ns)}}
@@ -482,8 +418,10 @@ class Compilation:
 
 def compile_module(module: Module, *, pipeline: str = "O1", name: str = "", native: bool = True,
                    grouping: Grouping | None = None, cache=DISK_CACHE, hint_sizes: dict[str, int] | None = None,
-                   phases: list[dict] | None = None, raise_errors: bool = True, details: bool = True) -> Compilation:
-    """Run `pipeline` on `module` (every pass snapshotted and verified), then compile it natively.
+                   phases: list[dict] | None = None, raise_errors: bool = True, details: bool = True,
+                   instruments: Sequence[Instrument] = ()) -> Compilation:
+    """Run `pipeline` on `module` (every pass snapshotted and verified, plus `instruments`), then
+    compile it natively.
 
     With `raise_errors=False` a native compile that fails with a CuvilError leaves `native` None
     and the reason in `error` and in the report's phases. `details=False` leaves the report's
@@ -491,7 +429,7 @@ def compile_module(module: Module, *, pipeline: str = "O1", name: str = "", nati
     phases = list(phases or [])
     input_ir = print_module(module)
     t = time.perf_counter()
-    manager = PassManager(pipeline, instruments=[IRSnapshot(), VerifyEach()])
+    manager = PassManager(pipeline, instruments=[IRSnapshot(), VerifyEach(), *instruments])
     records = manager.run(module)
     phases.append({"name": "passes", "time_s": time.perf_counter() - t})
     report = CompileReport(name=name, input_ir=input_ir, output_ir=print_module(module), pipeline=manager.spec,

@@ -25,19 +25,27 @@ from .compiled import CompiledModel, CompileOptions
 log = logging.getLogger("cuvil")
 
 
-def cuvil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options) -> Callable:
-    """Compile one Dynamo graph; `options` are `cuvil.compile`'s (`torch.compile(..., options={...})`).
+def cuvil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,
+                  **kwargs) -> Callable:
+    """Compile one Dynamo graph. `options` (`torch.compile(..., options={...})`) are `cuvil.compile`'s;
+    a bad option is an error, a graph Cuvil cannot compile is not.
 
     The graph compiles at its first call, not here: torch.export inside Dynamo's own compilation
     corrupts the guards Dynamo is building."""
+    options = {"fallback": "eager", **(options or {}), **kwargs}
+    CompileOptions.of(options)
     try:
         graph = GraphFunction(gm)
-        compiled = CompiledModel(graph, CompileOptions.of({"dynamic": graph.dynamic_dims(), "fallback": "eager",
-                                                            **options}), on_fallback=_log_fallback)
+        compiled = CompiledModel(graph, CompileOptions.of({"dynamic": graph.dynamic_dims(), **options}),
+                                 on_fallback=_log_fallback)
     except Exception as e:     # a backend falls back instead of failing the user's model
         _log_fallback(f"{type(e).__name__}: {e}")
         return gm.forward
     return CompiledGraph(graph, compiled)
+
+
+def _log_fallback(reason: str) -> None:
+    log.warning("cuvil: running a Dynamo graph in eager PyTorch: %s", reason)
 
 
 class CompiledGraph:
@@ -48,10 +56,6 @@ class CompiledGraph:
 
     def __call__(self, *args):
         return self.compiled(*self.graph.tensor_inputs(args))
-
-
-def _log_fallback(reason: str) -> None:
-    log.warning("cuvil: running a Dynamo graph in eager PyTorch: %s", reason)
 
 
 class GraphFunction:

@@ -3,21 +3,22 @@ return the report."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from .compiler import compile_module, grouping_for, symbol_sizes
 from .frontend import ImportResult, import_model
 from .ir import Module, parse
+from .passes import Instrument
 from .report import CompileReport
 
 DEFAULT_PIPELINE = "O1"
 
 
 def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DEFAULT_PIPELINE,
-            dynamic=None, ranges=None, name: str | None = None, native: bool = True,
-            enable_fusion: Any = True) -> CompileReport:
+            dynamic=None, ranges=None, name: str | None = None, instruments: Sequence[Instrument] = (),
+            native: bool = True, enable_fusion: Any = True) -> CompileReport:
     """Compile `fn_or_module` (an `nn.Module`, a function, a cuvil `Module` or IR text) and report
     what every pass did: IR before and after, time, changed or not, statistics.
 
@@ -30,25 +31,26 @@ def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DE
         report.passes[2]["ir_after"]
     """
     t0 = time.perf_counter()
-    module, sizes = _to_module(fn_or_module, example_inputs, dynamic, ranges)
-    phases = [{"name": "import", "time_s": time.perf_counter() - t0}]
+    imported = _to_module(fn_or_module, example_inputs, dynamic, ranges)
+    if isinstance(imported, ImportResult):
+        module, sizes, import_s = imported.module, _example_sizes(imported), imported.time_s
+    else:
+        module, sizes, import_s = imported, {}, time.perf_counter() - t0
     return compile_module(module, pipeline=pipeline, name=name or _name_of(fn_or_module), native=native,
-                          grouping=grouping_for(enable_fusion), hint_sizes=sizes, phases=phases,
-                          raise_errors=False).report
+                          grouping=grouping_for(enable_fusion), hint_sizes=sizes, instruments=instruments,
+                          phases=[{"name": "import", "time_s": import_s}], raise_errors=False).report
 
 
-def _to_module(obj, example_inputs, dynamic, ranges) -> tuple[Module, dict[str, int]]:
-    """The module, and the sizes of its dynamic dims in the example (the memory plan is shown at them)."""
-    if isinstance(obj, Module):
-        return obj, {}
+def _to_module(obj, example_inputs, dynamic, ranges) -> Module | ImportResult:
+    if isinstance(obj, (Module, ImportResult)):
+        return obj
     if isinstance(obj, str):
-        return parse(obj), {}
-    if not isinstance(obj, ImportResult):
-        obj = import_model(obj, example_inputs or None, dynamic=dynamic, ranges=ranges)
-    return obj.module, _example_sizes(obj)
+        return parse(obj)
+    return import_model(obj, example_inputs or None, dynamic=dynamic, ranges=ranges)
 
 
 def _example_sizes(imported: ImportResult) -> dict[str, int]:
+    """The sizes of the dynamic dims in the export example (the memory plan is shown at them)."""
     example = imported.exported.example_inputs
     if example is None:
         return {}

@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
+from .profiler.flame import fmt_ns
+
 if TYPE_CHECKING:
     from .report import CompileReport
 
@@ -393,7 +395,8 @@ def kv_table(title: str, rows: list[tuple[str, str]]) -> str:
 
 def summary_html(report: "CompileReport", stages: list[Stage] | None = None,
                  extra: list[tuple[str, list[tuple[str, str]]]] = ()) -> str:
-    """Compile phases, passes, op counts before and after, and the user's source lines."""
+    """Compile phases, passes, op counts before and after, the native code (kernels, arena), the
+    check and speed against the reference (`report.profile["vs_eager"]`), the user's source lines."""
     stages = stages or ir_stages(report)
     passes = report.passes
     changed = sum(1 for p in passes if p.get("changed"))
@@ -403,19 +406,74 @@ def summary_html(report: "CompileReport", stages: list[Stage] | None = None,
         ("pipeline", f"<code>{html.escape(report.pipeline)}</code>"),
         ("passes", f"{len(passes)} ({changed} changed the IR, {skipped} skipped), "
                    f"{_ms(sum(p.get('time_s', 0.0) for p in passes))} in passes"),
-        *[(f"phase: {ph['name']}", _ms(ph["time_s"])) for ph in report.phases],
-        ("total", _ms(sum(ph["time_s"] for ph in report.phases))),
+        *[(f"phase: {ph['name']}", _ms(ph["time_s"]) + (f" <i>{html.escape(str(ph['error']))}</i>"
+                                                         if ph.get("error") else ""))
+          for ph in report.phases],
+        ("compile time", _ms(sum(ph["time_s"] for ph in report.phases))),
     ])]
     before, after = stages[0].op_counts(), stages[-1].op_counts()
     rows = [("all ops", f"{sum(before.values())} → {sum(after.values())}")]
     rows += [(op, f"{before[op]} → {after[op]}") for op in sorted(set(before) | set(after)) if before[op] != after[op]]
     parts.append(kv_table("Ops (before → after the pipeline)", rows))
+    if report.kernels:
+        parts.append(kv_table("Native code", _native_rows(report)))
+    check = report.profile.get("vs_eager")
+    if check:
+        parts.append(kv_table(f"Against {check['reference']}", _check_rows(check)))
     parts += [kv_table(title, rows) for title, rows in extra]
     if report.sources:
         src = [(f"{s.file.rsplit('/', 1)[-1]}:{s.line}", f"<code>{html.escape(s.text.strip())}</code> "
                 f"({len(s.ops)} op{'s' if len(s.ops) != 1 else ''})") for s in report.sources]
         parts.append(kv_table("Source lines", src))
     return '<div class="cv-summary">' + "".join(parts) + "</div>"
+
+
+def _native_rows(report: "CompileReport") -> list[tuple[str, str]]:
+    mem = report.memory
+    rows = [("kernels", f"{len(report.kernels)} ({len(report.schedule)} steps)")]
+    if mem.get("buffers"):
+        rows.append(("arena", f"{fmt_bytes(mem['arena_bytes'])} (naive {fmt_bytes(mem['naive_bytes'])}, "
+                              f"{_saving(mem)}) {_at_sizes(mem)}"))
+    run = report.profile.get("run") or []
+    if run:
+        wall = max(r["end_ns"] for r in run) - min(r["start_ns"] for r in run)
+        busy = sum(r["end_ns"] - r["start_ns"] for r in run)
+        threads = len({r["thread"] for r in run})
+        rows.append(("profiled run", f"{fmt_ns(wall)} wall, {fmt_ns(busy)} in kernels on {threads} "
+                                     f"thread{'s' if threads != 1 else ''}"))
+    return rows
+
+
+def _check_rows(check: dict) -> list[tuple[str, str]]:
+    rows = [("runs on", html.escape(check["engine"])),
+            ("max abs error", f"{check['max_abs_err']:.3g}")]
+    if check.get("runs"):
+        n = check["runs"]
+        rows.append(("median time, compiled", f"{_ms(check['compiled_median_s'])} ({n} runs)"))
+        if check.get("reference_median_s"):
+            ref = check["reference_median_s"]
+            rows.append((f"median time, {check['reference']}", f"{_ms(ref)} ({n} runs)"))
+            rows.append(("speed", f"<b>{ref / check['compiled_median_s']:.2f}×</b> the reference's"))
+    return rows
+
+
+def fmt_bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 ** 2:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / 1024 ** 2:.2f} MiB"
+
+
+def _saving(mem: dict) -> str:
+    if not mem["naive_bytes"]:
+        return "no buffers"
+    return f"{100 * (1 - mem['arena_bytes'] / mem['naive_bytes']):.0f}% less"
+
+
+def _at_sizes(mem: dict) -> str:
+    sizes = mem.get("sizes") or {}
+    return "at " + ", ".join(f"{k}={v}" for k, v in sizes.items()) if sizes else ""
 
 
 # ----------------------------------------------------------------------------- pass headers

@@ -417,13 +417,17 @@ def sdpa(lw, op):
                         s = call("add", s, cast(m, DType.f32))
                 return s if keep is None else call("select", keep, s, Const(-math.inf, DType.f32))
             top = lw.reduce("max", [("j", 0, S)], lambda jv: logit(jv[0]), DType.f32)
+            # A fully masked row (max = -inf) attends to nothing: torch gives zeros, not NaN.
+            zero = const(0.0, DType.f32)
+            top = lw.let(call("select", call("eq", top, Const(-math.inf, DType.f32)), zero, top), "top")
 
             def unnormalised(jv):   # exp(logit - max), kept in the scores row for the scaling pass
                 e = lw.let(call("exp", call("sub", logit(jv[0]), top)), "e")
                 lw.emit(Store(scores, [p, r, jv[0]], e))
                 return e
             total = lw.reduce("sum", [("j", 0, S)], unnormalised, DType.f32)
-            inv = lw.let(call("div", const(1.0, DType.f32), total), "inv")
+            inv = lw.let(call("select", call("eq", total, zero), zero, call("div", const(1.0, DType.f32), total)),
+                         "inv")
             lw.loop("j", S, lambda j: lw.emit(Store(scores, [p, r, j], call("mul", Load(scores, [p, r, j]), inv))))
         lw.loop("r", rows, row)
         lw.emit(Gemm(BufRef(T, (b * L + first) * Ev), BufRef(scores, p * ATTENTION_ROWS * S), BufRef(V, b * S * Ev),

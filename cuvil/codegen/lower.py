@@ -71,20 +71,20 @@ def group_elementwise_chains(fn: Function) -> list[list[Operation]]:
 
     A group grows backwards from a sink through producers whose results are used only inside the
     group: elementwise ops, window ops, a reduction's prologue, and one GEMM-based op under an
-    elementwise epilogue of its shape. Views and inline constants (literal, full, arange) cost
-    nothing to recompute, so they join every group that reads them; they are a group of their
-    own only when something needs them in memory (a return, a GEMM operand)."""
+    elementwise epilogue of its shape; a producer joins only if `group_legality` accepts the
+    grown group. Views and inline constants (literal, full, arange) cost nothing to recompute,
+    so they join every group that reads them; they are a group of their own only when something
+    needs them in memory (a return, a GEMM operand, a gather's table)."""
     ops = [op for op in fn.ops if op.name not in SKIP_OPS]
     member: dict[int, int] = {}
     groups: list[list[Operation]] = []
     for sink in reversed(ops):
         kind = op_kind(sink)
-        if id(sink) in member or (kind in REMATERIALIZED and not _needs_memory(sink)):
+        if id(sink) in member or (kind in REMATERIALIZED and not needs_memory(sink)):
             continue
         group, ids = [sink], {id(sink)}
         member[id(sink)] = len(groups)
-        has_library = kind == "library"
-        frontier = [] if kind in ("library", "unsupported") else list(sink.operands)
+        frontier = fusible_operands(sink)
         while frontier:
             p = frontier.pop().owner
             if isinstance(p, Function) or id(p) in ids or p.name in SKIP_OPS:
@@ -95,21 +95,14 @@ def group_elementwise_chains(fn: Function) -> list[list[Operation]]:
             elif id(p) in member:
                 absorb = False
             else:
-                absorb = _used_only_in(p, ids, sink) and (
-                    pkind in ("elementwise", "window", "gather")
-                    or (pkind == "library" and not has_library and kind in ("elementwise", "view")
-                        and p.result.type.rank == sink.results[0].type.rank
-                        and all(map(dims_equal, p.result.type.shape, sink.results[0].type.shape))))
-            if not absorb:
+                absorb = _used_only_in(p, ids, sink) and pkind in ("elementwise", "window", "gather", "library")
+            if not absorb or group_legality(fn, group + [p]) is not None:
                 continue
             group.append(p)
             ids.add(id(p))
             if pkind not in REMATERIALIZED:
                 member[id(p)] = len(groups)
-            if pkind == "library":
-                has_library = True
-            else:
-                frontier.extend(p.operands)
+            frontier.extend(fusible_operands(p))
         groups.append(group)
     order = {id(op): i for i, op in enumerate(fn.ops)}
     out = [sorted(g, key=lambda op: order[id(op)]) for g in groups]
@@ -127,9 +120,84 @@ def _used_only_in(op: Operation, ids: set[int], sink: Operation) -> bool:
                for r in op.results for u in r.uses)
 
 
-def _needs_memory(op: Operation) -> bool:
-    return any(u.name == "cuvil.return" or op_kind(u) in ("library", "unsupported")
+def needs_memory(op: Operation) -> bool:
+    """Some user reads op's result from memory: a return, or an operand outside `fusible_operands`."""
+    return any(u.name == "cuvil.return" or not any(o is r for o in fusible_operands(u))
                for r in op.results for u in r.uses)
+
+
+def fusible_operands(op: Operation) -> list[Value]:
+    """The operands of op whose producers may be computed inside op's kernel. The others are read
+    from memory: all operands of a GEMM-based op (BLAS reads buffers), and the table of a gather
+    (read at a data-dependent index, which on-demand recomputation cannot follow)."""
+    kind = op_kind(op)
+    if kind in ("library", "unsupported"):
+        return []
+    return list(op.operands[1:]) if kind == "gather" else list(op.operands)
+
+
+def group_outputs(fn: Function, ops: list[Operation]) -> list[Value]:
+    """The results of a group that its kernel stores: those returned or used outside the group,
+    but for views and inline constants that are not the group's last op (recomputed by readers)."""
+    members = {id(op) for op in ops}
+    returned = {id(v) for v in fn.return_op.operands}
+    last = max(ops, key=fn.ops.index) if ops else None
+    return [r for op in ops if not (op_kind(op) in REMATERIALIZED and op is not last) for r in op.results
+            if id(r) in returned or any(id(u) not in members for u in r.uses)]
+
+
+def group_legality(fn: Function, ops: list[Operation]) -> str | None:
+    """None when `lower_group` computes the group correctly, else the reason it cannot.
+
+    Values read from memory must come from outside the group (and not be an inline constant, which
+    has no buffer). A GEMM-based op's epilogue runs inside the GEMM's parallel loop over the block
+    of the product each iteration computed, so everything that reads the product in the group must
+    read it at that same index: only elementwise ops of the product's shape, and every output of
+    the group must have that shape too. A window op or a view of the product would read elements
+    another iteration computes."""
+    members = {id(op) for op in ops}
+    for op in ops:
+        fusible = fusible_operands(op)
+        for v in op.operands:
+            if any(v is f for f in fusible) or isinstance(v.owner, Function):
+                continue
+            if id(v.owner) in members or v.owner.name in INLINE_OPS:
+                what = "its table" if op_kind(op) == "gather" else "its operands"
+                return (f"{op.name} reads {what} from memory, but {v.owner.name} is computed in the group "
+                        f"(it needs a kernel of its own)")
+    roots = [op for op in ops if op_kind(op) == "library"]
+    if not roots:
+        return None
+    root = roots[0]
+    if len(roots) > 1:
+        return f"two GEMM-based ops ({root.name}, {roots[1].name}) cannot share one kernel"
+    reduction = next((op for op in ops if op_kind(op) == "reduction"), None)
+    if reduction is not None:
+        return f"{root.name} can only be fused with an elementwise epilogue, not with {reduction.name}"
+    shape = root.result.type.shape
+
+    def same_shape(v: Value) -> bool:
+        return v.type.rank == len(shape) and all(map(dims_equal, v.type.shape, shape))
+    stack, seen = [root.result], set()
+    while stack:
+        v = stack.pop()
+        for u in v.uses:
+            if id(u) not in members or id(u) in seen:
+                continue
+            if op_kind(u) != "elementwise" or not same_shape(u.results[0]):
+                return (f"{u.name} reads the result of {root.name} in its epilogue, which sees only the "
+                        f"block of the product one parallel iteration computed; only elementwise ops of "
+                        f"its shape can")
+            seen.add(id(u))
+            stack.extend(u.results)
+    other = next((v for v in group_outputs(fn, ops) if not same_shape(v)), None)
+    if other is not None:
+        return f"an output of type {other.type} differs from the shape of {root.name}'s epilogue {list(shape)}"
+    return None
+
+
+def can_group(fn: Function, ops: list[Operation]) -> bool:
+    return group_legality(fn, ops) is None
 
 
 # ----------------------------------------------------------------------------- views
@@ -259,6 +327,10 @@ class GroupLowering:
         for op in self.ops:
             if op_kind(op) == "unsupported":
                 raise CuvilUnsupportedOpError(op.name, _where(op), "no native lowering for this op yet")
+        problem = group_legality(fn, self.ops)
+        if problem is not None:
+            raise CuvilVerifyError(f"internal error: group {name} cannot be lowered as one kernel: {problem}",
+                                   self.ops[-1])
         self.inputs: dict[int, Buffer] = {}
         self.outputs: dict[int, tuple[Value, Buffer]] = {}
         self.buffers: list[Buffer] = []
@@ -278,13 +350,8 @@ class GroupLowering:
             for v in op.operands:
                 if self._is_source(v) and id(v) not in self.inputs:
                     self.inputs[id(v)] = self._buffer(v, "in")
-        returned = {id(v) for v in self.fn.return_op.operands}
-        for op in self.ops:
-            if op_kind(op) in REMATERIALIZED and op is not self.ops[-1]:
-                continue    # recomputed by every group that reads it; stored only by its own group
-            for r in op.results:
-                if id(r) in returned or any(id(u) not in self.members for u in r.uses):
-                    self.outputs[id(r)] = (r, self._buffer(r, "out"))
+        for r in group_outputs(self.fn, self.ops):
+            self.outputs[id(r)] = (r, self._buffer(r, "out"))
         if not self.outputs:
             raise CuvilVerifyError(f"group {self.name}: no op result is used outside the group")
 
@@ -342,6 +409,11 @@ class GroupLowering:
                dtype: DType, prefix: str | None = None) -> Var:
         """Emit `Reduce(kind)` over `ranges` ((var, start, extent) each); `value(vars)` builds the
         per-iteration value inside the reduction body."""
+        if not ranges:      # no axes to fold (a 0-d tensor): the one value is the result
+            return self.let(cast(value([]), dtype), prefix or kind)
+        if dtype == DType.bool and kind in ("max", "min"):     # LLVM's i1 is signed (true < false): fold as i8
+            folded = self.reduce(kind, ranges, lambda vars: cast(value(vars), DType.i8), DType.i8, prefix)
+            return self.let(cast(folded, DType.bool), prefix or kind)
         syms = []
         for var, start, extent in ranges:
             s = loop_var(var)
@@ -497,10 +569,9 @@ class GroupLowering:
         from .library import LIBRARY
         roots = [op for op in self.ops if op_kind(op) == "library"]
         reductions = [op for op in self.ops if op_kind(op) == "reduction"]
-        if len(roots) > 1 or (roots and reductions):
-            raise CuvilVerifyError(f"group {self.name}: a GEMM-based op can only be fused with an elementwise "
-                                   f"epilogue", roots[0])
-        if roots:
+        if all(_is_empty(v.type.shape) for v, _ in self.outputs.values()):
+            pass        # every output is empty: nothing to compute (and no strides to divide by)
+        elif roots:
             LIBRARY[roots[0].name](self, roots[0])
         elif reductions:
             self._lower_reductions(reductions)
@@ -516,15 +587,19 @@ class GroupLowering:
         kernel = Kernel(self.name, self.buffers, sorted(symbols, key=_natural), body)
         return LoweredKernel(self.ops, kernel, self.values)
 
-    def iterate(self, shape, body: Callable[[list], None], outer_only: bool = False) -> None:
+    def iterate(self, shape, body: Callable[[list], None], outer_only: bool = False, parallel: bool = True,
+                prefix: str = "") -> None:
         """Loops over `shape`: the dims before the last flattened into one parallel loop, the last dim
-        an inner loop (`outer_only`: all dims flattened, no inner loop). body(idx) runs innermost."""
+        an inner loop (`outer_only`: all dims flattened, no inner loop). body(idx) runs innermost.
+        `prefix` names the loop variables apart from those of another nest in the same kernel."""
         shape = list(shape)
+        if _is_empty(shape):
+            return      # no iterations (and no strides to divide by)
         flat = shape if outer_only else shape[:-1]
         inner = [] if outer_only else shape[-1:]
         if not flat:
             if inner:
-                self.loop("i0", inner[0], lambda i: body([i]), parallel=True)
+                self.loop(f"{prefix}i0", inner[0], lambda i: body([i]), parallel=parallel)
             else:
                 body([])
             return
@@ -540,10 +615,10 @@ class GroupLowering:
                 self.known.setdefault(e, (sympy.Integer(0), sympy.sympify(d) - 1))
                 idx.append(e)
             if inner:
-                self.loop(f"i{len(flat)}", inner[0], lambda i: body(idx + [i]))
+                self.loop(f"{prefix}i{len(flat)}", inner[0], lambda i: body(idx + [i]))
             else:
                 body(idx)
-        self.loop("p", norm_dim(total), outer, parallel=True)
+        self.loop(f"{prefix}p", norm_dim(total), outer, parallel=parallel)
 
     def store_outputs(self, idx, which: Callable[[Value], bool] = lambda v: True) -> None:
         for v, buf in self.outputs.values():
@@ -553,13 +628,22 @@ class GroupLowering:
                     self.emit(Store(buf, idx, cast(e, buf.dtype)))
 
     def _lower_elementwise(self) -> None:
-        shapes = [v.type.shape for v, _ in self.outputs.values()]
-        full = shapes[0]
-        for s in shapes[1:]:
-            if len(s) != len(full) or not all(dims_equal(a, b) for a, b in zip(s, full)):
-                raise CuvilVerifyError(f"group {self.name}: outputs of different shapes "
-                                       f"({', '.join(map(str, shapes))}) cannot share one loop nest")
-        self.iterate(full, self.store_outputs)
+        nests: list[tuple[tuple, set[int]]] = []     # (shape, the outputs of that shape)
+        for v, _ in self.outputs.values():
+            shape = v.type.shape
+            same = next((ids for s, ids in nests if len(s) == len(shape) and all(map(dims_equal, s, shape))), None)
+            if same is None:
+                nests.append((shape, {id(v)}))
+            else:
+                same.add(id(v))
+        if len(nests) == 1:
+            self.iterate(nests[0][0], self.store_outputs)
+            return
+        # outputs of different shapes (the pieces of a split): a loop nest each, all serial, because
+        # the runtime splits only one parallel loop of a kernel across threads
+        for k, (shape, ids) in enumerate(nests):
+            self.iterate(shape, lambda idx, ids=ids: self.store_outputs(idx, lambda v: id(v) in ids),
+                         parallel=False, prefix=f"n{k}")
 
     def _lower_reductions(self, reductions: list[Operation]) -> None:
         full, axes = reduction_space(reductions[0])
@@ -610,6 +694,10 @@ class GroupLowering:
                 var, extent = ranges[level]
                 self.loop(var, extent, lambda j: nest(level + 1, inner + [j]))
             nest(0, [])
+
+
+def _is_empty(shape) -> bool:
+    return any(isinstance(d, int) and d == 0 for d in shape)
 
 
 def _where(op: Operation) -> str | None:

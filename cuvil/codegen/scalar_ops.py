@@ -137,9 +137,13 @@ def _cast(attrs, x):
 
 # ----------------------------------------------------------------------------- binary
 
+# torch on two bools: add is or, mul is and, maximum is or, minimum is and
+_BOOL_FORMS = {"add": "or", "mul": "and", "max": "or", "min": "and"}
+
 for _name, _fn in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"), ("maximum", "max"),
                    ("minimum", "min"), ("floor_div", "floordiv"), ("remainder", "rem")):
-    emitter(_name)((lambda fn: lambda attrs, a, b: call(fn, a, b))(_fn))
+    emitter(_name)((lambda fn: lambda attrs, a, b: call(_BOOL_FORMS.get(fn, fn) if a.dtype == DType.bool else fn,
+                                                        a, b))(_fn))
 
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     emitter(_name, operands="promoted")((lambda fn: lambda attrs, a, b: call(fn, a, b))(_name))

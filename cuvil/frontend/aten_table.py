@@ -59,8 +59,13 @@ def logical_or_bitwise(logical: str, bitwise: str):
 def reduction(name: str):
     """sum/mean/amax/amin/prod over `dims` (None or [] = all); the input is cast to the result dtype."""
     def row(L: Lowering, x, dims=None, keepdim=False, *_):
-        return L.op(name, L.cast(x, L.out_dtype()), dims=L.axes(dims, x.type.rank), keepdim=bool(keepdim))
+        return L.op(name, L.cast(x, L.out_dtype()), dims=_reduced_axes(L, dims, x), keepdim=bool(keepdim))
     return row
+
+
+def _reduced_axes(L: Lowering, dims, x) -> list[int]:
+    """torch lets a 0-d tensor be reduced over dim 0 or -1: that is the whole (one-element) tensor."""
+    return L.axes(dims, x.type.rank) if x.type.rank else []
 
 
 def reduction_all(name: str):
@@ -72,7 +77,8 @@ def reduction_all(name: str):
 
 def arg_reduction(name: str):
     def row(L: Lowering, x, dim=None, keepdim=False):
-        return L.op(name, x, dim=None if dim is None else L.axis(dim, x.type.rank), keepdim=keepdim)
+        return L.op(name, x, dim=None if dim is None or not x.type.rank else L.axis(dim, x.type.rank),
+                    keepdim=keepdim)
     return row
 
 
@@ -127,6 +133,8 @@ def permute(L: Lowering, x, perm):
 
 
 def transpose(L: Lowering, x, d0, d1):
+    if x.type.rank == 0:    # torch allows dims 0 and -1 of a 0-d tensor: nothing to swap
+        return x
     perm = list(range(x.type.rank))
     d0, d1 = L.axis(d0, x.type.rank), L.axis(d1, x.type.rank)
     perm[d0], perm[d1] = perm[d1], perm[d0]
@@ -179,7 +187,8 @@ def split(L: Lowering, x, _sizes, dim=0):
 def cat(L: Lowering, xs, dim=0):
     dtype = L.out_dtype()
     rank = max(x.type.rank for x in xs)
-    xs = [L.cast(x, dtype) for x in xs if not (x.type.rank == 1 and x.type.shape[0] == 0)]  # torch skips empty 1-d
+    kept = [x for x in xs if not (x.type.rank == 1 and x.type.shape[0] == 0)] or xs[:1]   # torch skips empty 1-d
+    xs = [L.cast(x, dtype) for x in kept]
     return xs[0] if len(xs) == 1 else L.op("cuvil.cat", *xs, dim=L.axis(dim, rank))
 
 
@@ -188,6 +197,8 @@ def unsqueeze(L: Lowering, x, dim):
 
 
 def squeeze(L: Lowering, x, dims=None):
+    if x.type.rank == 0:    # dim 0 / -1 of a 0-d tensor: nothing to squeeze
+        return x
     dims = range(x.type.rank) if dims is None else L.axes(dims, x.type.rank)
     ones = [d for d in dims if x.type.shape[d] == 1]
     return L.op("cuvil.squeeze", x, dims=ones) if ones else x
@@ -203,7 +214,8 @@ def where(L: Lowering, cond, a, b):
 
 
 def masked_fill(L: Lowering, x, mask, value):
-    return where(L, mask, value, x)
+    """The result keeps x's dtype (the fill value is converted to it, not promoted with it)."""
+    return L.op("cuvil.where", mask, L.tensor(value, x.type.dtype), x)
 
 
 def logical_not(L: Lowering, x):
@@ -243,12 +255,13 @@ def leaky_relu(L: Lowering, x, slope=0.01):
 
 def var(L: Lowering, x, dims=None, correction=None, keepdim=False):
     correction = 1.0 if correction is None else float(correction)
-    return L.op("cuvil.var", x, dims=L.axes(dims, x.type.rank), correction=correction, keepdim=keepdim)
+    return L.op("cuvil.var", x, dims=_reduced_axes(L, dims, x), correction=correction, keepdim=keepdim)
 
 
 def max_dim(L: Lowering, x, dim, keepdim=False):
-    dim = L.axis(dim, x.type.rank)
-    return (L.op("cuvil.amax", x, dims=[dim], keepdim=keepdim), L.op("cuvil.argmax", x, dim=dim, keepdim=keepdim))
+    values = L.op("cuvil.amax", x, dims=_reduced_axes(L, [dim], x), keepdim=keepdim)
+    ordered = L.cast(x, DType.i8) if x.type.dtype is DType.bool else x     # argmax orders numbers, not bools
+    return values, arg_reduction("cuvil.argmax")(L, ordered, dim, keepdim)
 
 
 def _ones(L: Lowering, shape, like):
@@ -308,6 +321,9 @@ def _times(L: Lowering, x, factor):
 
 
 def conv2d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if x.type.rank == 3:    # an unbatched image: a batch of one
+        out = conv2d(L, L.op("cuvil.unsqueeze", x, dim=0), weight, bias, stride, padding, dilation, groups)
+        return L.op("cuvil.squeeze", out, dims=[0])
     return L.op("cuvil.conv2d", x, weight, *_trailing(bias), stride=pair(stride), padding=pair(padding),
                 dilation=pair(dilation), groups=groups)
 
@@ -361,6 +377,7 @@ def index(L: Lowering, x, indices):
 
 
 def arange(L: Lowering, start, end, step=1, *_):
+    start, end, step = (int(v) if isinstance(v, bool) else v for v in (start, end, step))   # torch takes bools
     if isinstance(start, sympy.Basic) or isinstance(step, sympy.Basic):
         L.unsupported("a symbolic start or step")
     if isinstance(end, float):   # a static count: restate the end as start + count*step
@@ -382,11 +399,25 @@ def triangle(name: str):
 
 
 def index_select(L: Lowering, x, dim, idx):
+    if idx.type.rank == 0:      # torch takes a 0-d index as a one-element one
+        idx = _vector(L, idx)
+    if x.type.rank == 0:        # and a 0-d tensor as a one-element one along dim 0
+        picked = L.op("cuvil.index_select", _vector(L, x), idx, dim=0)
+        return L.op("cuvil.reshape", picked, shape=[])
     return L.op("cuvil.index_select", x, idx, dim=L.axis(dim, x.type.rank))
 
 
 def gather(L: Lowering, x, dim, idx, *_):
+    idx = L.cast(idx, DType.i64)
+    if x.type.rank == 0:        # torch gathers from a 0-d tensor as from a one-element vector
+        picked = L.op("cuvil.gather", _vector(L, x), L.op("cuvil.reshape", idx, shape=[1]), dim=0)
+        return L.op("cuvil.reshape", picked, shape=list(idx.type.shape))
     return L.op("cuvil.gather", x, idx, dim=L.axis(dim, x.type.rank))
+
+
+def _vector(L: Lowering, x):
+    """A 0-d value as a one-element 1-d one."""
+    return L.op("cuvil.reshape", x, shape=[1])
 
 
 def getitem(L: Lowering, seq, i):
@@ -469,6 +500,7 @@ ATEN_TABLE = {
     aten.mean.dim: reduction("cuvil.mean"),
     aten.amax.default: reduction("cuvil.amax"),
     aten.amin.default: reduction("cuvil.amin"),
+    aten.prod.default: reduction_all("cuvil.prod"),
     aten.prod.dim_int: reduction("cuvil.prod"),
     aten.var.correction: var,
     aten.max.dim: max_dim,

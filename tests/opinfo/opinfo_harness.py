@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 from cuvil.compiler import compile_module
 from cuvil.errors import CuvilError
 from cuvil.frontend import import_model
+from cuvil.frontend.importer import op_name
 from cuvil.ir import interpret
 
 from skips import Refusal, matching_refusal
@@ -61,12 +62,14 @@ class Case:
     sample: object
     leaves: list
     spec: pytree.TreeSpec
-    positions: list[int]          # which leaves are tensors
+    positions: list[int]                 # which leaves are tensors
+    outputs: tuple[int, ...] | None      # which outputs of the op are compared (None: all)
 
     @staticmethod
-    def of(index: int, sample) -> "Case":
+    def of(index: int, sample, outputs: tuple[int, ...] | None = None) -> "Case":
         leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
-        return Case(index, sample, leaves, spec, [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)])
+        return Case(index, sample, leaves, spec, [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)],
+                    outputs)
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -77,7 +80,8 @@ class Case:
         for i, t in zip(self.positions, tensors):
             leaves[i] = t
         x, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        return pytree.tree_leaves(op.op(x, *args, **kwargs))
+        outs = pytree.tree_leaves(op.op(x, *args, **kwargs))
+        return outs if self.outputs is None else [outs[i] for i in self.outputs]
 
     def describe(self) -> str:
         s = self.sample
@@ -110,7 +114,7 @@ class CuvilRun:
 
 def run_cuvil(fn: Callable, tensors: list[torch.Tensor]) -> CuvilRun:
     imported = import_model(fn, tuple(tensors))
-    aten_ops = {str(n.target) for n in imported.exported.graph.nodes if n.op == "call_function"}
+    aten_ops = {op_name(n.target) for n in imported.exported.graph.nodes if n.op == "call_function"}
     inputs = imported.flatten_inputs(*tensors)
     results = {"interpreter (imported IR)": interpret(imported.module, *inputs)}
     compiled = compile_module(imported.module, pipeline="O1", details=False)
@@ -184,7 +188,7 @@ class OpResult:
     key: str
     dtype: torch.dtype
     outcomes: list[Outcome] = field(default_factory=list)
-    aten_ops: set[str] = field(default_factory=set)    # exported ATen ops, and ATen ops Cuvil refused
+    aten_ops: set[str] = field(default_factory=set)    # ops of the graphs Cuvil imported
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -194,9 +198,10 @@ class OpResult:
         return [o for o in self.outcomes if o.status == "failed"]
 
 
-def run_opinfo(key: str, dtype: torch.dtype) -> OpResult:
+def run_opinfo(key: str, dtype: torch.dtype, outputs: tuple[int, ...] | None = None) -> OpResult:
+    """Every sample of OpInfo `key` in `dtype` through Cuvil; `outputs` picks the op's outputs to compare."""
     op = op_db()[key]
-    cases = [Case.of(i, s) for i, s in enumerate(samples_of(op, dtype))]
+    cases = [Case.of(i, s, outputs) for i, s in enumerate(samples_of(op, dtype))]
     result = OpResult(key, dtype)
     eager = {c.index: c.call(op, [t.clone() for t in c.tensors]) for c in cases}
     try:
@@ -216,8 +221,6 @@ def run_opinfo(key: str, dtype: torch.dtype) -> OpResult:
             one = run_cuvil(batched(op, [c]), c.tensors)
         except CuvilError as e:
             result.outcomes.append(_refused(key, dtype, c, e))
-            if getattr(e, "op_name", "").startswith("aten."):
-                result.aten_ops.add(e.op_name)
             continue
         except Exception:   # noqa: BLE001 - a crash inside Cuvil: always a failure
             result.outcomes.append(Outcome(c, "failed", "crash (not a CuvilError):\n" + traceback.format_exc(limit=-6)))
@@ -247,3 +250,14 @@ def _refused(key: str, dtype: torch.dtype, case: Case, e: CuvilError) -> Outcome
     if entry is None:
         return Outcome(case, "failed", f"refused with no skip entry: {type(e).__name__}: {e}")
     return Outcome(case, "refused", str(e), entry)
+
+
+def refusal_of_first_sample(key: str, dtype: torch.dtype) -> str | None:
+    """The CuvilError text for the first sample of `key` in `dtype` (None: Cuvil runs it)."""
+    op = op_db()[key]
+    case = Case.of(0, samples_of(op, dtype)[0])
+    try:
+        run_cuvil(batched(op, [case]), case.tensors)
+    except CuvilError as e:
+        return str(e)
+    return None

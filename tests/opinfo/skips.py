@@ -5,6 +5,9 @@ argument or a form a row does not support). A refusal counts only if an entry he
 OpInfo, the dtype, and the error's text; an unlisted refusal fails the test, and an entry that
 no sample needs any more fails `test_every_skip_entry_is_used`.
 
+`NOT_RUN`: (OpInfo, dtype)s that Cuvil refuses as a whole; only their first sample is run, to check
+that it still is refused.
+
 `UNMAPPED`: rows of `ATEN_TABLE` that no OpInfo exercises, and why they are covered elsewhere or
 cannot be.
 """
@@ -27,10 +30,80 @@ class Refusal:
         return self.op == key and (not self.dtypes or dtype in self.dtypes) and re.search(self.message, text) is not None
 
 
+F64 = "a float64 result: Cuvil has no f64 dtype (f32, f16, bf16, i64, i32, i8, i1)"
+U8 = "a uint8 tensor: Cuvil has no unsigned 8-bit dtype"
+POOL_INDICES = "return_indices=True: Cuvil's pooling computes no argmax indices (max_pool2d_with_indices keeps output 0)"
+
 REFUSALS: list[Refusal] = [
+    Refusal("__getitem__", r"indexing with None", "x[:, idx] (a full slice before an index tensor): Cuvil's "
+            "index row takes index tensors on the leading dims only"),
+    Refusal("full_like", r"dtype torch\.float64", F64),
+    Refusal("new_full", r"dtype torch\.float64", F64),
+    Refusal("new_ones", r"dtype torch\.float64", F64),
+    Refusal("new_zeros", r"dtype torch\.float64", F64),
+    Refusal("ones_like", r"dtype torch\.float64", F64),
+    Refusal("zeros_like", r"dtype torch\.float64", F64),
+    Refusal("gather", r"dtype torch\.uint8", U8 + " (the sample's index tensor)"),
+    Refusal("narrow", r"torch\.export could not capture.*unbacked", "narrow with a tensor `start`: the slice "
+            "bounds depend on tensor data, which torch.export cannot capture with static shapes"),
+    Refusal("nn.functional.batch_norm", r"'mutation'.*in place", "training=True updates running_mean/var in "
+            "place; Cuvil imports inference functions"),
+    Refusal("nn.functional.embedding", r"'mutation'.*in place", "max_norm renormalises rows of the weight in "
+            "place; Cuvil imports inference functions"),
+    Refusal("nn.functional.max_pool1d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
+    Refusal("nn.functional.max_pool2d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
+    Refusal("nn.functional.scaled_dot_product_attention", r"dropout_p=", "dropout_p > 0 is random (training); "
+            "inference attention needs dropout_p=0"),
 ]
 
+# (OpInfo, dtypes) whose first samples Cuvil refuses every one of: not run sample by sample (each
+# refused sample costs a separate export); `test_not_run_entries_are_still_refused` checks the first
+NOT_RUN: list[Refusal] = [
+    Refusal("to", r"dtype torch\.float64", "its first samples all convert to float64, which Cuvil lacks "
+            "(float/long/bool cover _to_copy)", (torch.float32,)),
+    Refusal("div[trunc_rounding]", r"rounding_mode='trunc'", "Cuvil has no truncating division (no trunc op); "
+            "floor and true division are supported", (torch.float32, torch.int64)),
+    Refusal("eye", r"dtype torch\.uint8", "torch's eye decomposition builds an arange in uint8, which Cuvil "
+            "lacks", (torch.float32,)),
+    Refusal("logspace", r"dtype torch\.float64", "torch's logspace decomposition computes in float64, which "
+            "Cuvil lacks (so nothing reaches pow.Scalar)", (torch.float32,)),
+    Refusal("pow", r"integer pow needs a constant non-negative exponent", "native integer pow takes only a "
+            "constant non-negative exponent; the samples raise to tensors", (torch.int64,)),
+    Refusal("bitwise_not", r"bitwise not of an integer tensor", "Cuvil's IR has no integer bitwise not (bool "
+            "logical_not only)", (torch.int64,)),
+]
+
+_NOT_COMPUTE = ("not a computation (torch.export's shape checks and symbolic-int arithmetic); OpInfo samples "
+                "are imported with static shapes, so the dynamic-shape frontend tests cover it")
+
 UNMAPPED: dict[str, str] = {
+    "aten.clamp_max.default": "OpInfo's clamp_max samples bound by tensors (aten.clamp_max.Tensor, which has no "
+                              "row), and no OpInfo decomposes to the scalar form",
+    "aten.pow.Scalar": "only logspace decomposes to it, and its decomposition computes in float64 (see NOT_RUN)",
+    "aten.sub.Scalar": "only cosine_embedding_loss and nanquantile decompose to it, and both also need ops "
+                       "without a row (empty_permuted; sort, isnan)",
+    "aten._softmax.default": "torch.export keeps softmax.int whole for Cuvil (its decomposition table leaves it "
+                             "out), so no exported OpInfo sample holds the decomposed form",
+    "aten._log_softmax.default": "as _softmax: log_softmax.int stays whole, so no OpInfo sample exports to it",
+    "aten._adaptive_avg_pool2d.default": "adaptive_avg_pool2d stays whole under Cuvil's decomposition table, "
+                                         "so no OpInfo sample exports to the underscored form",
+    "aten.reshape.default": "reshape is CompositeImplicitAutograd: torch.export always turns it into "
+                            "view/_unsafe_view (the reshape OpInfo runs under aten.view.default)",
+    "aten.convolution.default": "OpInfo's 2-d convolutions export as aten.conv2d; aten.convolution comes only "
+                                "from conv1d/conv3d/transposed convolutions, which this row refuses by design",
+    "aten.lift_fresh_copy.default": "comes from torch.tensor(...) literals inside a model; OpInfo samples pass "
+                                    "every tensor in as an input",
+    "aten.detach.default": "torch.export drops .detach() of inputs under no_grad; only nanmean's decomposition "
+                           "keeps one, next to isnan, which has no row",
+    "aten._assert_scalar.default": _NOT_COMPUTE,
+    "aten.sym_constrain_range_for_size.default": _NOT_COMPUTE,
+    "aten.sym_size.int": _NOT_COMPUTE,
+    "aten.sym_numel.default": _NOT_COMPUTE,
+    "add": _NOT_COMPUTE,
+    "sub": _NOT_COMPUTE,
+    "mul": _NOT_COMPUTE,
+    "floordiv": _NOT_COMPUTE,
+    "mod": _NOT_COMPUTE,
 }
 
 

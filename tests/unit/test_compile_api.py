@@ -66,6 +66,8 @@ def test_unknown_option_is_a_clear_error():
         cuvil.compile(Net(), backend="cuda")
     with pytest.raises(cuvil.CuvilError, match="fallback must be one of"):
         cuvil.compile(Net(), fallback="maybe")
+    with pytest.raises(cuvil.CuvilPipelineError, match="no-such-pass"):
+        cuvil.compile(Net(), pipeline="canonicalize,no-such-pass")
     with pytest.raises(cuvil.CuvilError, match="takes a function or an nn.Module"):
         cuvil.compile(42)
 
@@ -90,8 +92,12 @@ def test_keyword_arguments():
     x = torch.randn(3, 16)
     with torch.no_grad():
         torch.testing.assert_close(m(x=x), net(x))
-        torch.testing.assert_close(m(x=torch.randn(7, 16)).shape, torch.Size([7, 4]))
+        torch.testing.assert_close(m(x), net(x))            # the same call, positionally: the same variant
+        y = torch.randn(7, 16)
+        torch.testing.assert_close(m(x=y), net(y))
     assert m.num_variants == 1
+    with pytest.raises(cuvil.CuvilError, match="does not match Net's signature"):
+        m(x, x=x)
 
 
 # ----------------------------------------------------------------------------- outputs that alias
@@ -132,6 +138,19 @@ def test_recompile_on_dtype_change_says_why():
     assert h.num_variants == 2
     [why] = h.explain_recompiles()
     assert "input 0 (x) has dtype torch.int64, compiled for torch.float32" in why
+
+
+def test_after_max_recompiles_new_calls_run_eagerly():
+    h = cuvil.compile(lambda x: x * 3, max_recompiles=1)
+    a, b, c = torch.randn(4), torch.arange(4), torch.arange(4, dtype=torch.int32)
+    torch.testing.assert_close(h(a), a * 3)
+    torch.testing.assert_close(h(b), b * 3)
+    with pytest.warns(UserWarning, match="max_recompiles=1 reached"):
+        torch.testing.assert_close(h(c), c * 3)
+    assert h.num_variants == 2
+    assert "max_recompiles=1 reached" in h.explain_recompiles()[-1]
+    assert "input 0 (x) has dtype torch.int32" in h.explain_recompiles()[-1]
+    torch.testing.assert_close(h(a), a * 3)              # compiled variants keep serving their calls
 
 
 def test_recompile_outside_the_range_widens_it():

@@ -1,0 +1,109 @@
+"""`torch.compile(..., backend="cuvil")`: the entry point, native runs per Dynamo graph (graph breaks,
+dims Dynamo made dynamic), and eager fallback for graphs Cuvil cannot compile."""
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+from cuvil.dynamo import CompiledGraph, cuvil_backend
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Recorder:
+    """The cuvil backend, keeping what it returned for each graph."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        out = cuvil_backend(gm, example_inputs)
+        self.graphs.append(out)
+        return out
+
+    def all_native(self) -> bool:
+        return bool(self.graphs) and all(isinstance(g, CompiledGraph) and g.compiled.num_variants >= 1
+                                         and g.compiled.fallback_reason is None for g in self.graphs)
+
+
+def small_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4), nn.LayerNorm(4)).eval()
+
+
+def test_entry_point_registers_the_backend():
+    assert "cuvil" in torch._dynamo.list_backends()
+
+
+def test_torch_compile_with_the_registered_backend_matches_eager():
+    model = small_model()
+    compiled = torch.compile(model, backend="cuvil")
+    for b in (2, 3, 5):
+        x = torch.randn(b, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_graphs_run_natively_including_dims_dynamo_made_dynamic():
+    model, backend = small_model(), Recorder()
+    compiled = torch.compile(model, backend=backend)
+    for b in (2, 3, 5, 9):        # Dynamo recompiles once at 3 with a dynamic batch, then reuses it
+        x = torch.randn(b, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+    assert len(backend.graphs) == 2 and backend.all_native()
+    dynamic = backend.graphs[1]
+    assert dynamic.graph.sizes                   # Dynamo's size input is read off the tensor instead
+    assert dynamic.compiled.num_variants == 1     # one native variant served batch 3, 5 and 9
+
+
+def test_graph_breaks_give_graphs_that_each_run_natively():
+    def f(x):
+        y = torch.relu(x) * 3
+        print("a graph break")
+        return (y + 1).sum(-1)
+
+    backend = Recorder()
+    cf = torch.compile(f, backend=backend)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(cf(x), f(x))
+    assert len(backend.graphs) == 2 and backend.all_native()
+
+
+def test_a_graph_cuvil_cannot_compile_runs_eagerly_and_logs_why(caplog):
+    def f(x):
+        return torch.topk(x * 2, 2).values + 1
+
+    backend = Recorder()
+    cf = torch.compile(f, backend=backend)
+    x = torch.randn(3, 5)
+    with caplog.at_level(logging.WARNING, logger="cuvil"):
+        torch.testing.assert_close(cf(x), f(x))
+    assert "running a Dynamo graph in eager PyTorch" in caplog.text and "topk" in caplog.text
+    [graph] = backend.graphs
+    assert "topk" in graph.compiled.fallback_reason
+
+
+def test_options_reach_cuvil_and_bad_ones_are_errors():
+    model = small_model()
+    x = torch.randn(3, 8)
+    unfused = torch.compile(model, backend="cuvil", options={"enable_fusion": False})
+    with torch.no_grad():
+        torch.testing.assert_close(unfused(x), model(x))
+    torch._dynamo.reset()
+    bad = torch.compile(model, backend="cuvil", options={"enable_fusoin": False})
+    with pytest.raises(Exception, match="unknown option 'enable_fusoin'"):
+        bad(x)
