@@ -13,6 +13,7 @@ form with value names blanked out, and by their producers): an op keeps the id i
 """
 from __future__ import annotations
 
+import base64
 import difflib
 import html
 import json
@@ -384,6 +385,8 @@ def diff_html(before: str, after: str, search: str = "", context: int | None = N
 # ----------------------------------------------------------------------------- summary
 
 def _ms(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
@@ -448,12 +451,12 @@ def _check_rows(check: dict) -> list[tuple[str, str]]:
     rows = [("runs on", html.escape(check["engine"])),
             ("max abs error", f"{check['max_abs_err']:.3g}")]
     if check.get("runs"):
-        n = check["runs"]
-        rows.append(("median time, compiled", f"{_ms(check['compiled_median_s'])} ({n} runs)"))
+        rows.append(("median time, compiled", f"{_ms(check['compiled_median_s'])} ({check['runs']} runs)"))
         if check.get("reference_median_s"):
             ref = check["reference_median_s"]
-            rows.append((f"median time, {check['reference']}", f"{_ms(ref)} ({n} runs)"))
-            rows.append(("speed", f"<b>{ref / check['compiled_median_s']:.2f}×</b> the reference's"))
+            rows.append((f"median time, {check['reference']}", f"{_ms(ref)} ({check['reference_runs']} runs)"))
+            rows.append(("speed", f"<b>{ref / check['compiled_median_s']:.2f}×</b> as fast as "
+                                  f"{html.escape(check['reference'])}"))
     return rows
 
 
@@ -474,6 +477,353 @@ def _saving(mem: dict) -> str:
 def _at_sizes(mem: dict) -> str:
     sizes = mem.get("sizes") or {}
     return "at " + ", ".join(f"{k}={v}" for k, v in sizes.items()) if sizes else ""
+
+
+# ----------------------------------------------------------------------------- kernels: provenance and code
+
+@dataclass
+class SourceInfo:
+    """A user source line, the ops it produced and the kernels they went into."""
+    key: str            # "file:line"
+    file: str
+    line: int
+    text: str
+    ops: list[int]
+    kernels: list[str]
+
+    @property
+    def label(self) -> str:
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}  {self.text.strip()}"
+
+
+@dataclass
+class KernelInfo:
+    """A kernel of the report, where its ops came from and its time in the profiled run."""
+    index: int
+    data: dict          # the report's kernel entry (name, ops, sources, kernel_ir, llvm_ir, asm)
+    sources: list[str]  # source keys, in line order
+    steps: list[int]    # the schedule steps that run it
+    time_ns: int = 0    # in the profiled run
+    calls: int = 0      # kernel calls in the profiled run (a split step: one per chunk)
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+
+@dataclass
+class Provenance:
+    """source line -> graph-IR ops -> kernel -> its code -> its run time, and back."""
+    sources: dict[str, SourceInfo]
+    kernels: dict[str, KernelInfo]
+    op_lines: dict[int, str]       # op id -> the op's line in the output IR
+    op_source: dict[int, str]      # op id -> source key
+    run_ns: int = 0                # time in kernels in the profiled run
+
+    def kernel_label(self, k: KernelInfo, hit: bool = False) -> str:
+        mark = "◆ " if hit else ""
+        time = f"  {fmt_ns(k.time_ns)}" if self.run_ns else ""
+        return f"{mark}{k.index}. {k.name}{time}"
+
+
+def _key(file: str, line: int | str) -> str:
+    return f"{file}:{line}"
+
+
+def provenance(report: "CompileReport") -> Provenance:
+    by_result: dict[str, str] = {}
+    for raws in _parse_function_lines(report.output_ir).values():
+        for raw in raws:
+            for name in raw.names:
+                by_result.setdefault(name, _LOC.sub("", raw.text))
+    op_source = {op: _key(s.file, s.line) for s in report.sources for op in s.ops}
+    sources = {_key(s.file, s.line): SourceInfo(_key(s.file, s.line), s.file, s.line, s.text, list(s.ops), [])
+               for s in report.sources}
+    steps: dict[str, list[int]] = {}
+    for st in report.schedule:
+        steps.setdefault(st["kernel"], []).append(st["step"])
+    kernels: dict[str, KernelInfo] = {}
+    op_lines: dict[int, str] = {}
+    for i, k in enumerate(report.kernels):
+        keys = set(k.get("sources", []))
+        for op in k["ops"]:
+            if op["results"] and op["results"][0] in by_result:
+                op_lines[op["id"]] = by_result[op["results"][0]]
+            if op["id"] in op_source:
+                keys.add(op_source[op["id"]])
+        order = {key: n for n, key in enumerate(sources)}
+        info = KernelInfo(i, k, sorted(keys, key=lambda key: (order.get(key, len(order)), key)),
+                          steps.get(k["name"], []))
+        kernels[k["name"]] = info
+        for key in info.sources:
+            if key in sources:
+                sources[key].kernels.append(k["name"])
+    kind = {st["step"]: st["kernel"] for st in report.schedule}
+    run_ns = 0
+    for r in report.profile.get("run") or []:
+        k = kernels.get(kind.get(r["step"], r["kernel"]))
+        if k is not None:
+            k.time_ns += r["end_ns"] - r["start_ns"]
+            k.calls += 1
+        run_ns += r["end_ns"] - r["start_ns"]
+    return Provenance(sources, kernels, op_lines, op_source, run_ns)
+
+
+CODE_VIEWS = {"kernel_ir": "Kernel IR", "llvm_ir": "LLVM IR", "asm": "Assembly"}
+_COMMENT = {"kernel_ir": "//", "llvm_ir": ";", "asm": "#"}
+_ASM_LABEL = re.compile(r"^[.\w$]+:")
+
+
+def code_text_html(text: str, view: str) -> str:
+    """Kernel IR, LLVM IR or assembly as HTML: comments dimmed, labels and definitions bold."""
+    out = []
+    comment = _COMMENT[view]
+    for line in text.splitlines():
+        code, sep, rest = line.partition(comment) if comment in line and '"' not in line else (line, "", "")
+        body = html.escape(code)
+        if _ASM_LABEL.match(code) or code.startswith(("define ", "kernel ")):
+            body = f"<b>{body}</b>"
+        out.append(body + (f'<span class="cv-dim">{html.escape(sep + rest)}</span>' if sep else ""))
+    return "\n".join(out)
+
+
+def kernel_code_html(kernel: dict, view: str) -> str:
+    """One view of a kernel's code, or "side": the three next to each other."""
+    if view == "side":
+        cols = "".join(f'<div><h4 class="cv-h">{title}</h4><pre class="cv-pre cv-codeblock">'
+                       f'{code_text_html(kernel.get(v) or "", v)}</pre></div>' for v, title in CODE_VIEWS.items())
+        return f'<div class="cv-side">{cols}</div>'
+    text = kernel.get(view) or ""
+    if not text:
+        return f'<p class="cv-note">The report has no {CODE_VIEWS[view]} for this kernel.</p>'
+    return f'<pre class="cv-pre cv-codeblock">{code_text_html(text, view)}</pre>'
+
+
+def kernel_header_html(prov: Provenance, name: str, source: str = "") -> str:
+    """What a kernel is made of: its graph-IR ops (those from `source` marked), the source lines
+    they came from, the steps that run it and its time in the profiled run."""
+    k = prov.kernels[name]
+    d = k.data
+    bits = [f"<b>{html.escape(name)}</b>", f"<code>{html.escape(d.get('symbol', ''))}</code>",
+            "split across threads" if d.get("splittable") else "one thread",
+            f"step{'s' if len(k.steps) != 1 else ''} {', '.join(map(str, k.steps)) or '-'}"]
+    if prov.run_ns:
+        share = 100 * k.time_ns / prov.run_ns if prov.run_ns else 0.0
+        bits.append(f"profiled run: {fmt_ns(k.time_ns)} in {k.calls} call{'s' if k.calls != 1 else ''} "
+                    f"({share:.1f}% of the time in kernels)")
+    rows = []
+    for op in d["ops"]:
+        key = prov.op_source.get(op["id"], "")
+        hit = ' class="cv-hit"' if source and key == source else ""
+        where = html.escape(key.rsplit("/", 1)[-1]) if key else ""
+        line = prov.op_lines.get(op["id"], op["name"])
+        rows.append(f'<tr data-src="{html.escape(key)}"{hit}><td>{op["id"]}</td><td><code>{html.escape(line)}</code>'
+                    f"</td><td>{where}</td></tr>")
+    srcs = []
+    for key in k.sources:
+        info = prov.sources.get(key)
+        text = info.label if info else key.rsplit("/", 1)[-1]
+        cls = ' class="cv-hit"' if key == source else ""
+        srcs.append(f'<li data-src="{html.escape(key)}"{cls}><code>{html.escape(text)}</code></li>')
+    return (f'<div class="cv-kernhead">{" · ".join(bits)}</div>'
+            f'<h4 class="cv-h">Graph-IR ops ({len(d["ops"])})</h4>'
+            f'<div class="cv-scroll cv-short"><table class="cv-ops"><tr><th>op</th><th>IR</th><th>source</th></tr>'
+            f'{"".join(rows)}</table></div>'
+            f'<h4 class="cv-h">Source lines</h4><ul class="cv-srcs">{"".join(srcs) or "<li><i>none</i></li>"}</ul>')
+
+
+def kernel_times_html(prov: Provenance) -> str:
+    """The kernels by time in the profiled run, with where they came from."""
+    if not prov.run_ns:
+        return '<p class="cv-note">No profiled run.</p>'
+    rows = []
+    for k in sorted(prov.kernels.values(), key=lambda k: -k.time_ns):
+        src = ", ".join(key.rsplit("/", 1)[-1] for key in k.sources)
+        rows.append(f'<tr><td>{html.escape(k.name)}</td><td class="cv-num">{k.calls}</td>'
+                    f'<td class="cv-num">{fmt_ns(k.time_ns)}</td><td class="cv-num">{100 * k.time_ns / prov.run_ns:.1f}%'
+                    f"</td><td>{html.escape(src)}</td></tr>")
+    return ('<div class="cv-scroll cv-mid"><table class="cv-ops"><tr><th>kernel</th><th>calls</th><th>time</th>'
+            '<th>share</th><th>source</th></tr>' + "".join(rows) + "</table></div>")
+
+
+# ----------------------------------------------------------------------------- memory plan
+
+_REGION_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+                   "#9c755f", "#bab0ac"]
+_PLOT_W, _LEFT, _BAR = 1000, 180, 14
+
+
+def step_count(report: "CompileReport") -> int:
+    last = max((b["last_step"] for b in report.memory.get("buffers", [])), default=-1)
+    return max(len(report.schedule), last + 1)
+
+
+def live_bytes(report: "CompileReport") -> list[int]:
+    """Bytes of arena buffers alive at each step (written at or before it, read at or after it)."""
+    live = [0] * step_count(report)
+    for b in report.memory.get("buffers", []):
+        for k in range(b["first_step"], b["last_step"] + 1):
+            live[k] += b["size"]
+    return live
+
+
+def _step_kernel(report: "CompileReport", k: int) -> str:
+    return report.schedule[k]["kernel"] if k < len(report.schedule) else ""
+
+
+def memory_summary_html(report: "CompileReport") -> str:
+    """Arena, naive sum and peak of live bytes, as numbers and bars."""
+    mem = report.memory
+    live = live_bytes(report)
+    peak = max(live, default=0)
+    at = live.index(peak) if live else 0
+    rows = [("arena (the plan)", mem["arena_bytes"], "cv-bar-arena"),
+            ("naive: one region per buffer", mem["naive_bytes"], "cv-bar-naive"),
+            (f"peak live bytes (step {at}, {_step_kernel(report, at)})", peak, "cv-bar-live")]
+    top = max(r[1] for r in rows) or 1
+    bars = "".join(f'<tr><th>{html.escape(label)}</th><td class="cv-num">{fmt_bytes(n)}</td>'
+                   f'<td class="cv-barcell"><div class="cv-bar {cls}" style="width:{100 * n / top:.1f}%"></div></td></tr>'
+                   for label, n, cls in rows)
+    expr = ""
+    if mem.get("arena_bytes_expr") and mem["arena_bytes_expr"] != str(mem["arena_bytes"]):
+        expr = (f'<p class="cv-note">sizes {html.escape(_at_sizes(mem))}; as expressions: arena '
+                f'<code>{html.escape(mem["arena_bytes_expr"])}</code> bytes, naive '
+                f'<code>{html.escape(mem["naive_bytes_expr"])}</code> bytes</p>')
+    return (f'<p>{len(mem.get("buffers", []))} buffers in {mem.get("regions", 0)} regions over '
+            f'{step_count(report)} steps: the arena is {fmt_bytes(mem["arena_bytes"])}, {_saving(mem)} than '
+            f'giving every buffer its own memory.</p><table class="cv-kv cv-bars">{bars}</table>{expr}')
+
+
+def _axis(n: int, y: float) -> str:
+    """Step numbers along the top of a plot."""
+    w = (_PLOT_W - _LEFT) / max(n, 1)
+    every = max(1, -(-n // 25))
+    out = []
+    for k in range(n):
+        x = _LEFT + k * w
+        if k % every == 0:
+            out.append(f'<text class="cv-tick" x="{x + w / 2:.1f}" y="{y - 3}" text-anchor="middle">{k}</text>')
+    return "".join(out)
+
+
+def _step_columns(report: "CompileReport", n: int, y: float, height: float, live: list[int]) -> str:
+    w = (_PLOT_W - _LEFT) / max(n, 1)
+    return "".join(f'<rect class="cv-stepcol" x="{_LEFT + k * w:.1f}" y="{y}" width="{w:.1f}" height="{height}">'
+                   f'<title>step {k}: {html.escape(_step_kernel(report, k))}\nlive {fmt_bytes(live[k])}</title></rect>'
+                   for k in range(n))
+
+
+def _buffer_title(b: dict) -> str:
+    reuse = f"\ntakes over the region of {b['reuses']}" if b.get("reuses") else ""
+    return (f"{b['name']}: {fmt_bytes(b['size'])} ({b['size_expr']} bytes)\n"
+            f"steps {b['first_step']}–{b['last_step']}, offset {b['offset']} (region {b['region']}){reuse}")
+
+
+def memory_timeline_svg(report: "CompileReport", selected: str = "", step: int | None = None) -> str:
+    """One bar per buffer from the step that writes it to the last that reads it, coloured by region."""
+    bufs = sorted(report.memory.get("buffers", []), key=lambda b: (b["first_step"], b["last_step"], b["name"]))
+    n = step_count(report)
+    w = (_PLOT_W - _LEFT) / max(n, 1)
+    top = 16
+    height = top + len(bufs) * _BAR + 4
+    parts = [_axis(n, top), _step_columns(report, n, top, height - top, live_bytes(report))]
+    if step is not None:
+        parts.append(f'<rect class="cv-stepon" x="{_LEFT + step * w:.1f}" y="{top}" width="{w:.1f}" '
+                     f'height="{height - top}"/>')
+    for i, b in enumerate(bufs):
+        y = top + i * _BAR
+        on = " cv-on" if b["name"] == selected else ""
+        colour = _REGION_COLOURS[b["region"] % len(_REGION_COLOURS)]
+        parts.append(f'<g class="cv-buf{on}" data-name="{html.escape(b["name"])}"><title>{html.escape(_buffer_title(b))}'
+                     f'</title><text x="{_LEFT - 6}" y="{y + _BAR - 4}" text-anchor="end">'
+                     f'{html.escape(_clip(b["name"], 24))}</text>'
+                     f'<rect x="{_LEFT + b["first_step"] * w:.1f}" y="{y + 1}" '
+                     f'width="{(b["last_step"] - b["first_step"] + 1) * w:.1f}" height="{_BAR - 3}" rx="2" '
+                     f'fill="{colour}"/></g>')
+    return (f'<svg class="cv-memsvg cv-timeline" viewBox="0 0 {_PLOT_W} {height}" width="100%">'
+            f'{"".join(parts)}</svg>')
+
+
+def memory_packing_svg(report: "CompileReport", selected: str = "", step: int | None = None) -> str:
+    """The arena: offset (up) against step (across), a rectangle per buffer from its offset over
+    its size and lifetime. Rectangles side by side at one offset share memory over time."""
+    mem = report.memory
+    bufs = mem.get("buffers", [])
+    n = step_count(report)
+    w = (_PLOT_W - _LEFT) / max(n, 1)
+    top, plot_h = 16, 320
+    arena = max(mem["arena_bytes"], max((b["offset"] + b["size"] for b in bufs), default=0), 1)
+
+    def y(offset: int) -> float:
+        return top + plot_h - offset / arena * plot_h
+
+    parts = [_axis(n, top), _step_columns(report, n, top, plot_h, live_bytes(report))]
+    for frac in (0, 0.25, 0.5, 0.75, 1):
+        off = int(arena * frac)
+        parts.append(f'<line class="cv-grid" x1="{_LEFT}" x2="{_PLOT_W}" y1="{y(off):.1f}" y2="{y(off):.1f}"/>'
+                     f'<text class="cv-tick" x="{_LEFT - 6}" y="{y(off) + 4:.1f}" text-anchor="end">'
+                     f'{fmt_bytes(off)}</text>')
+    if step is not None:
+        parts.append(f'<rect class="cv-stepon" x="{_LEFT + step * w:.1f}" y="{top}" width="{w:.1f}" height="{plot_h}"/>')
+    for b in bufs:
+        on = " cv-on" if b["name"] == selected else ""
+        x0 = _LEFT + b["first_step"] * w
+        width = (b["last_step"] - b["first_step"] + 1) * w
+        y1, y0 = y(b["offset"] + b["size"]), y(b["offset"])
+        colour = _REGION_COLOURS[b["region"] % len(_REGION_COLOURS)]
+        label = _clip(b["name"], int(width // 6.5)) if y0 - y1 >= 11 else ""
+        parts.append(f'<g class="cv-buf{on}" data-name="{html.escape(b["name"])}"><title>{html.escape(_buffer_title(b))}'
+                     f'</title><rect x="{x0:.1f}" y="{y1:.1f}" width="{width:.1f}" height="{max(y0 - y1, 1):.1f}" '
+                     f'fill="{colour}"/><text x="{x0 + 3:.1f}" y="{y1 + 11:.1f}">{html.escape(label)}</text></g>')
+    parts.append(f'<text class="cv-tick" x="{_LEFT}" y="{top + plot_h + 14}">step →   (offset ↑, a rectangle per '
+                 f'buffer: its bytes over its lifetime; arena {fmt_bytes(mem["arena_bytes"])})</text>')
+    return (f'<svg class="cv-memsvg cv-packing" viewBox="0 0 {_PLOT_W} {top + plot_h + 20}" width="100%">'
+            f'{"".join(parts)}</svg>')
+
+
+def _clip(text: str, n: int) -> str:
+    return "" if n < 2 else (text if len(text) <= n else text[:n - 1] + "…")
+
+
+def buffer_details_html(report: "CompileReport", name: str) -> str:
+    """A buffer: size, place, lifetime, the kernels that write and read it."""
+    (b,) = [b for b in report.memory["buffers"] if b["name"] == name]
+    users = [f"step {st['step']} <code>{html.escape(st['kernel'])}</code>" for st in report.schedule
+             if any(s["kind"] == "arena" and s["name"] == name for s in st["slots"])]
+    return kv_table(f"Buffer {name}", [
+        ("size", f"{fmt_bytes(b['size'])} (<code>{html.escape(b['size_expr'])}</code> bytes)"),
+        ("offset", f"{b['offset']} (<code>{html.escape(b['offset_expr'])}</code>), region {b['region']}"),
+        ("lives", f"steps {b['first_step']} to {b['last_step']}"),
+        ("takes over", html.escape(b["reuses"]) if b.get("reuses") else "a fresh region"),
+        ("used by", ", ".join(users) or "-"),
+    ])
+
+
+def step_details_html(report: "CompileReport", step: int) -> str:
+    """A step: its kernel and the buffers alive while it runs."""
+    live = [b for b in report.memory["buffers"] if b["first_step"] <= step <= b["last_step"]]
+    names = ", ".join(f"{html.escape(b['name'])} ({fmt_bytes(b['size'])})" for b in live)
+    return kv_table(f"Step {step}", [
+        ("kernel", f"<code>{html.escape(_step_kernel(report, step))}</code>"),
+        ("live buffers", f"{len(live)}, {fmt_bytes(sum(b['size'] for b in live))}: {names}"),
+    ])
+
+
+# ----------------------------------------------------------------------------- profile exports
+
+def download_links_html(profs: list, name: str) -> str:
+    """Links that save the profiles as Chrome trace, speedscope and folded stacks (data URLs: no kernel needed)."""
+    from .profiler import render
+
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "cuvil"
+    links = []
+    for fmt, suffix, mime, label in (("chrome", "trace.json", "application/json", "Chrome trace (Perfetto)"),
+                                     ("speedscope", "speedscope.json", "application/json", "speedscope"),
+                                     ("folded", "folded.txt", "text/plain", "folded stacks")):
+        data = base64.b64encode(render(fmt, *profs, name=name).encode()).decode()
+        links.append(f'<a class="cv-download" download="{stem}.{suffix}" href="data:{mime};base64,{data}">'
+                     f'⤓ {label}</a>')
+    return '<div class="cv-downloads">' + " ".join(links) + "</div>"
 
 
 # ----------------------------------------------------------------------------- pass headers
@@ -542,6 +892,41 @@ CSS = """
 .cv-error pre { margin: 6px 0; white-space: pre; overflow: auto; }
 .cv-error .cv-focus { background: rgba(248, 81, 73, 0.22); display: inline-block; min-width: 100%; }
 .cv-error .cv-hint { color: var(--jp-ui-font-color2, #656d76); }
+.cv-dim { opacity: 0.6; }
+.cv-warn, .cv-bad { color: var(--jp-warn-color0, #9a6700); }
+.cv-root pre.cv-codeblock { max-height: 520px; overflow: auto; margin: 0; padding: 4px 6px; white-space: pre;
+  border: 1px solid var(--jp-border-color2, #d0d7de); color: var(--jp-content-font-color1, #1f2328);
+  background: var(--jp-layout-color1, #fff); }
+.cv-side { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 6px; }
+.cv-kernhead { margin: 4px 0; }
+.cv-short { max-height: 220px; } .cv-mid { max-height: 360px; }
+.cv-ops td.cv-num { white-space: nowrap; text-align: right; }
+.cv-ops { border-collapse: collapse; }
+.cv-ops th, .cv-ops td { text-align: left; padding: 1px 10px 1px 0; vertical-align: top; }
+.cv-root tr.cv-hit, .cv-root li.cv-hit { background: rgba(255, 200, 0, 0.35); }
+.cv-srcs { margin: 2px 0; padding-left: 18px; }
+.cv-memsvg { font: 10px var(--jp-code-font-family, monospace); color: var(--jp-ui-font-color1, #1f2328); display: block; }
+.cv-memsvg text { fill: currentColor; }
+.cv-memsvg .cv-tick { opacity: 0.7; }
+.cv-memsvg .cv-stepcol { fill: transparent; }
+.cv-memsvg .cv-stepcol:hover { fill: rgba(127, 127, 127, 0.18); }
+.cv-memsvg .cv-stepon { fill: rgba(255, 200, 0, 0.35); }
+.cv-memsvg .cv-grid { stroke: var(--jp-border-color2, #d0d7de); stroke-dasharray: 2 3; }
+.cv-memsvg .cv-buf rect { fill-opacity: 0.75; }
+.cv-memsvg .cv-buf:hover rect, .cv-memsvg .cv-buf.cv-on rect { fill-opacity: 1; stroke: currentColor; stroke-width: 1.5; }
+.cv-memsvg .cv-buf.cv-on text { font-weight: 700; }
+.cv-memwrap { max-height: 480px; overflow: auto; }
+.cv-bars .cv-barcell { width: 50%; min-width: 200px; }
+.cv-bar { height: 12px; border-radius: 2px; }
+.cv-bar-arena { background: #4e79a7; } .cv-bar-naive { background: #bab0ac; } .cv-bar-live { background: #59a14f; }
+.cv-kv td.cv-num { text-align: right; padding-right: 10px; }
+.cv-flame { color: var(--jp-ui-font-color1, #1f2328); }
+.cv-flamesvg { font: 11px var(--jp-code-font-family, monospace); cursor: pointer; display: block; }
+.cv-flamesvg text { fill: #1f2328; pointer-events: none; }
+.cv-flamesvg text.cv-fl-lane { fill: currentColor; }
+.cv-flamesvg .cv-fl:hover rect { stroke: #1f2328; stroke-width: 1; }
+.cv-flamesvg .cv-fl-on rect { stroke: var(--jp-brand-color1, #0969da); stroke-width: 2; }
+.cv-downloads a { margin-right: 14px; color: var(--jp-content-link-color, #0969da); }
 """
 
 # The standalone page has no JupyterLab around it: define the variables (light, and dark when
@@ -566,6 +951,10 @@ body { margin: 0; padding: 12px 16px; }
 .cv-list button.cv-hit { font-weight: 700; }
 .cv-main { flex: 1; min-width: 0; }
 .cv-controls { margin: 6px 0; display: flex; gap: 8px; align-items: center; flex-wrap: wrap; }
+.cv-listhead { font-weight: 600; padding: 2px 6px; border-bottom: 1px solid var(--jp-border-color2); }
+.cv-list button.cv-hit::before { content: "◆ "; }
+.cv-kviews.cv-side { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 6px; }
+.cv-views button.cv-on { border-bottom: 2px solid var(--jp-brand-color1); font-weight: 600; }
 .cv-controls input, .cv-controls select { font: inherit; color: inherit; background: var(--jp-layout-color1);
   border: 1px solid var(--jp-border-color2); }
 """
@@ -585,7 +974,7 @@ _PAGE_JS = """
   function show(i) {
     cur = i;
     $$('.cv-pass').forEach((s) => { s.hidden = +s.dataset.i !== i; });
-    $$('.cv-list button').forEach((b) => b.classList.toggle('cv-on', +b.dataset.i === i));
+    $$('#cv-t-pipeline .cv-list button').forEach((b) => b.classList.toggle('cv-on', +b.dataset.i === i));
     $('#cv-pos').textContent = (i + 1) + ' / ' + data.passes.length + ': ' + data.passes[i].spec;
     $('#cv-range').value = i;
     const box = document.querySelector('.cv-pass[data-i="' + i + '"] .cv-scroll');
@@ -607,11 +996,11 @@ _PAGE_JS = """
   }
   function filter() {
     const vis = new Set(visible()), q = $('#cv-search').value;
-    $$('.cv-list button').forEach((b) => { b.hidden = !vis.has(+b.dataset.i); b.classList.toggle('cv-hit', !!q && vis.has(+b.dataset.i)); });
+    $$('#cv-t-pipeline .cv-list button').forEach((b) => { b.hidden = !vis.has(+b.dataset.i); b.classList.toggle('cv-hit', !!q && vis.has(+b.dataset.i)); });
     $('#cv-found').textContent = q ? vis.size + ' pass(es) match' : '';
     if (vis.size && !vis.has(cur)) show(Math.min(...vis));
   }
-  $$('.cv-list button').forEach((b) => b.addEventListener('click', () => show(+b.dataset.i)));
+  $$('#cv-t-pipeline .cv-list button').forEach((b) => b.addEventListener('click', () => show(+b.dataset.i)));
   $('#cv-prev').addEventListener('click', () => step(-1));
   $('#cv-next').addEventListener('click', () => step(1));
   $('#cv-range').addEventListener('input', (e) => show(+e.target.value));
@@ -628,13 +1017,42 @@ _PAGE_JS = """
     $$('.cv-page > section').forEach((s) => { s.hidden = s.id !== b.dataset.tab; });
   }));
   if (data.passes.length) show(0); else showStage(0);
+  // Code tab: a source line marks its kernels and ops; a kernel shows its code and marks its lines
+  let src = '';
+  function showKernel(name) {
+    $$('.cv-kernlist button').forEach((b) => b.classList.toggle('cv-on', b.dataset.k === name));
+    $$('.cv-kern').forEach((k) => { k.hidden = k.dataset.k !== name; });
+    const from = data.kernels[name] || [];
+    $$('.cv-srclist button').forEach((b) => b.classList.toggle('cv-hit', from.includes(b.dataset.src)));
+  }
+  function pickSource(key) {
+    src = src === key ? '' : key;
+    const hits = src ? data.sources[src] || [] : [];
+    $$('.cv-srclist button').forEach((b) => b.classList.toggle('cv-on', b.dataset.src === src));
+    $$('.cv-kernlist button').forEach((b) => b.classList.toggle('cv-hit', hits.includes(b.dataset.k)));
+    $$('.cv-kern [data-src]').forEach((r) => r.classList.toggle('cv-hit', !!src && r.dataset.src === src));
+    if (hits.length) showKernel(hits[0]);
+  }
+  function showView(kern, view) {
+    kern.querySelectorAll('.cv-views button').forEach((b) => b.classList.toggle('cv-on', b.dataset.view === view));
+    kern.querySelector('.cv-kviews').classList.toggle('cv-side', view === 'side');
+    kern.querySelectorAll('.cv-kview').forEach((v) => { v.hidden = view !== 'side' && v.dataset.view !== view; });
+  }
+  $$('.cv-srclist button').forEach((b) => b.addEventListener('click', () => pickSource(b.dataset.src)));
+  $$('.cv-kernlist button').forEach((b) => b.addEventListener('click', () => showKernel(b.dataset.k)));
+  $$('.cv-kern').forEach((k) => {
+    k.querySelectorAll('.cv-views button').forEach((b) => b.addEventListener('click', () => showView(k, b.dataset.view)));
+    showView(k, 'kernel_ir');
+  });
+  const first = $('.cv-kernlist button');
+  if (first) showKernel(first.dataset.k);
 })();
 """
 
 
 def render_report_html(report: "CompileReport") -> str:
     """One self-contained HTML page (inline CSS and JS, no network) with the pipeline, graph,
-    summary and IR of a report."""
+    code, memory, profile, summary and IR of a report."""
     from . import __version__
 
     stages = ir_stages(report)
@@ -659,13 +1077,43 @@ def render_report_html(report: "CompileReport") -> str:
                 else '<p class="cv-note">This pass did not change the IR.</p>')
         sections.append(f'<div class="cv-pass" data-i="{i}" hidden>{pass_header_html(i, p)}'
                         f'<div class="cv-scroll">{body}</div></div>')
+    prov = provenance(report)
     data = {"passes": [{"spec": p.get("spec") or p["name"], "changed": bool(p.get("changed")),
                         "text": ((p.get("ir_before") or "") + "\n" + (p.get("ir_after") or "")).lower()}
                        for p in passes],
-            "stageOf": stage_of}
+            "stageOf": stage_of,
+            "sources": {key: s.kernels for key, s in prov.sources.items()},
+            "kernels": {name: k.sources for name, k in prov.kernels.items()}}
     options = "".join(f'<option value="{k}">{html.escape(st.title)}</option>' for k, st in enumerate(stages))
     esc = html.escape
-    page = f"""<!DOCTYPE html>
+    tabs = [("pipeline", "Pipeline", f"""
+ <div class="cv-controls"><button id="cv-prev">◀ prev</button>
+  <input id="cv-range" type="range" min="0" max="{max(len(passes) - 1, 0)}" value="0">
+  <button id="cv-next">next ▶</button><span id="cv-pos"></span>
+  <label><input id="cv-hide" type="checkbox"> hide unchanged passes</label>
+  <input id="cv-search" type="search" placeholder="search the IR"><span id="cv-found"></span></div>
+ <div class="cv-pipe"><div class="cv-list">{''.join(items) or '<p class="cv-note">no passes</p>'}</div>
+ <div class="cv-main">{''.join(sections)}</div></div>"""),
+            ("graph", "Graph", f"""
+ <div class="cv-controls"><label>IR <select id="cv-stage">{options}</select></label></div>
+ {''.join(drawn)}""")]
+    if report.kernels:
+        tabs.append(("code", "Code", _static_code(prov)))
+    if report.memory.get("buffers"):
+        tabs.append(("memory", "Memory", memory_summary_html(report) + '<h4 class="cv-h">Buffer lifetimes</h4>'
+                     f'<div class="cv-memwrap">{memory_timeline_svg(report)}</div>'
+                     '<h4 class="cv-h">Arena packing</h4>' + memory_packing_svg(report)))
+    if report.phases:
+        tabs.append(("profile", "Profile", _static_profile(report, prov)))
+    tabs += [("summary", "Summary", summary_html(report, stages)),
+             ("ir", "IR", f"""<h4 class="cv-h">Input IR</h4><pre class="cv-pre cv-scroll">{esc(report.input_ir)}</pre>
+<h4 class="cv-h">Output IR</h4><pre class="cv-pre cv-scroll">{esc(report.output_ir)}</pre>""")]
+    on = ' class="cv-on"'
+    nav = "".join(f'<button{on if i == 0 else ""} data-tab="cv-t-{key}">{title}</button>'
+                  for i, (key, title, _) in enumerate(tabs))
+    body = "\n".join(f'<section id="cv-t-{key}"{" hidden" if i else ""}>{content}</section>'
+                     for i, (key, _, content) in enumerate(tabs))
+    return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Cuvil report: {esc(report.name)}</title>
@@ -673,32 +1121,47 @@ def render_report_html(report: "CompileReport") -> str:
 <body class="cv-root">
 <h2>Cuvil report: {esc(report.name)}</h2>
 <p>{esc(report.summary())} · pipeline <code>{esc(report.pipeline)}</code> · cuvil {esc(__version__)}</p>
-<nav class="cv-tabs"><button class="cv-on" data-tab="cv-t-pipeline">Pipeline</button><button
- data-tab="cv-t-graph">Graph</button><button data-tab="cv-t-summary">Summary</button><button
- data-tab="cv-t-ir">IR</button></nav>
+<nav class="cv-tabs">{nav}</nav>
 <div class="cv-page">
-<section id="cv-t-pipeline">
- <div class="cv-controls"><button id="cv-prev">◀ prev</button>
-  <input id="cv-range" type="range" min="0" max="{max(len(passes) - 1, 0)}" value="0">
-  <button id="cv-next">next ▶</button><span id="cv-pos"></span>
-  <label><input id="cv-hide" type="checkbox"> hide unchanged passes</label>
-  <input id="cv-search" type="search" placeholder="search the IR"><span id="cv-found"></span></div>
- <div class="cv-pipe"><div class="cv-list">{''.join(items) or '<p class="cv-note">no passes</p>'}</div>
- <div class="cv-main">{''.join(sections)}</div></div>
-</section>
-<section id="cv-t-graph" hidden>
- <div class="cv-controls"><label>IR <select id="cv-stage">{options}</select></label></div>
- {''.join(drawn)}
-</section>
-<section id="cv-t-summary" hidden>{summary_html(report, stages)}</section>
-<section id="cv-t-ir" hidden><h4 class="cv-h">Input IR</h4><pre class="cv-pre cv-scroll">{esc(report.input_ir)}</pre>
-<h4 class="cv-h">Output IR</h4><pre class="cv-pre cv-scroll">{esc(report.output_ir)}</pre></section>
+{body}
 </div>
 <script type="application/json" id="cv-data">{_script_json(data)}</script>
 <script>{_PAGE_JS}</script>
 </body></html>
 """
-    return page
+
+
+def _static_code(prov: Provenance) -> str:
+    """The Code tab of the static page: source lines, kernels, and each kernel's code (views as tabs)."""
+    srcs = "".join(f'<button data-src="{html.escape(key)}">{html.escape(s.label)}</button>'
+                   for key, s in prov.sources.items())
+    kerns = "".join(f'<button data-k="{html.escape(name)}">{html.escape(prov.kernel_label(k))}</button>'
+                    for name, k in prov.kernels.items())
+    views = "".join(f'<button data-view="{v}">{title}</button>' for v, title in [*CODE_VIEWS.items(),
+                                                                                  ("side", "Side by side")])
+    bodies = "".join(
+        f'<div class="cv-kern" data-k="{html.escape(name)}" hidden>{kernel_header_html(prov, name)}'
+        f'<div class="cv-controls cv-views">{views}</div><div class="cv-kviews">'
+        + "".join(f'<div class="cv-kview" data-view="{v}"><h4 class="cv-h">{title}</h4>'
+                  f'{kernel_code_html(k.data, v)}</div>' for v, title in CODE_VIEWS.items())
+        + "</div></div>" for name, k in prov.kernels.items())
+    return (f'<div class="cv-pipe"><div class="cv-list cv-srclist"><div class="cv-listhead">source lines</div>'
+            f'{srcs or "<p class=cv-note>none</p>"}</div><div class="cv-list cv-kernlist"><div class="cv-listhead">'
+            f'kernels</div>{kerns}</div><div class="cv-main">{bodies}</div></div>')
+
+
+def _static_profile(report: "CompileReport", prov: Provenance) -> str:
+    from .profiler import profiles
+    from .profiler.flame import flame_html
+
+    profs = profiles(report)
+    parts = [download_links_html(profs, report.name)]
+    for prof in profs:
+        parts.append(f'<h4 class="cv-h">{"Compile phases" if prof.name == "compile" else "Run, per thread"}</h4>'
+                     + flame_html(prof))
+    if prov.run_ns:
+        parts.append('<h4 class="cv-h">Kernels by time</h4>' + kernel_times_html(prov))
+    return "".join(parts)
 
 
 def graph_notes_html(stage: Stage) -> str:

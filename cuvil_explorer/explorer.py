@@ -24,6 +24,7 @@ class Explorer:
         self.tab = W.Tab(children=[p.widget for p in self.panels.values()],
                          titles=[p.title for p in self.panels.values()])
         self.tab.observe(lambda change: self._activate(change["new"]), "selected_index")
+        self.state.observe(lambda change: change["new"] in self.panels and self.select(change["new"]), "show")
         self.widget = W.VBox([W.HTML(f"<style>{CSS}</style>" + self._header()), self.tab])
         self.widget.add_class("cv-root")
         self._activate(0)
@@ -45,6 +46,10 @@ class Explorer:
         total = sum(ph["time_s"] for ph in r.phases)
         bits = [f"<b>cuvil</b> {html.escape(r.name)}", f"<code>{html.escape(r.pipeline)}</code>",
                 f"{len(r.passes)} passes ({changed} changed the IR)", f"compiled in {total:.2f} s"]
+        if self.run.engine == "native":
+            bits.append(f"native code: {len(r.kernels)} kernels")
+        else:
+            bits.append(f'<span class="cv-warn">reference interpreter: {html.escape(self.run.note)}</span>')
         if self.run.max_abs_err is not None:
             bits.append(f"max abs error {self.run.max_abs_err:.3g} vs {html.escape(self.run.reference)}")
         if self.run.cached:

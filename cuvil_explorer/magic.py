@@ -1,5 +1,6 @@
-"""The `%%cuvil` cell magic: compile the cell's model (or IR) with `cuvil.explain`, show the
-explorer, run the compiled model in this kernel and bind what it produced to names.
+"""The `%%cuvil` cell magic: compile the cell's model (or IR) to native code (`cuvil.compile`; the
+interpreter when that fails), show the explorer, run and profile the compiled model in this kernel
+and bind what it produced to names.
 
 Bound after every cell (None where not produced): `_cuvil_result` (the compiled model's output on
 the example inputs), `_cuvil_compiled` (the compiled model: call it like the original),

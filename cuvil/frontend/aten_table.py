@@ -14,6 +14,7 @@ torch's own result metadata (`L.out_shape()`), already expressed in Cuvil's symb
 """
 from __future__ import annotations
 
+import functools
 import operator
 
 import sympy
@@ -588,9 +589,15 @@ ATEN_TABLE = {
 
 
 def decomposition_table() -> dict:
-    """torch.export's default decompositions minus every overload Cuvil lowers directly."""
-    table = torch.export.default_decompositions()
+    """torch.export's default decompositions minus every overload Cuvil lowers directly (a fresh
+    copy each call: `run_decompositions` may change the table it gets)."""
+    return dict(_decompositions())
+
+
+@functools.cache
+def _decompositions() -> dict:
+    table = torch.export.default_decompositions()     # building it takes ~0.2 s: once per process
     for op in ATEN_TABLE:
         if isinstance(op, torch._ops.OpOverload):
             table.pop(op, None)
-    return table
+    return dict(table.items())

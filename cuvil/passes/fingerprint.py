@@ -12,8 +12,14 @@ from ..ir.core import Function, Module
 def fingerprint(module: Module) -> tuple:
     functions = tuple(_function_key(fn) for fn in module.functions.values())
     # Constants by identity: a pass that swaps in a new tensor or writes into one in place changes it.
-    constants = tuple((name, id(t), t._version) for name, t in module.constants.items())
+    constants = tuple((name, id(t), _version(t)) for name, t in module.constants.items())
     return functions, constants
+
+
+def _version(t) -> int:
+    # Tensors made under torch.inference_mode have no version counter (and cannot be written
+    # in place outside it); identity alone tells them apart.
+    return -1 if t.is_inference() else t._version
 
 
 def _function_key(fn: Function) -> tuple:

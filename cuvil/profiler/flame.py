@@ -12,7 +12,7 @@ import zlib
 
 from .export import Profile, Span
 
-WIDTH = 1200          # viewBox units; the SVG scales to its container's width
+WIDTH = 960           # viewBox units; the SVG scales to its container's width (about 1:1 in a notebook)
 ROW = 18
 LANE_LABEL = 14
 CHAR = 6.6            # width of one character of the 11px label, in viewBox units
@@ -77,7 +77,7 @@ def flame_svg(profile: Profile) -> str:
     whole = Span(profile.name, (profile.name,), t0, t1, "")
     what = f"{len(lanes)} thread{'s' if len(lanes) != 1 else ''}, busy {fmt_ns(total)}" if labelled else fmt_ns(total)
     parts = [_frame(whole, 0, WIDTH, 0, f"{profile.name}: {fmt_ns(t1 - t0)} ({what}); click a frame to zoom, "
-                                         f"this bar to zoom out", "var(--jp-layout-color3, #bbb)")]
+                                         f"this bar to zoom out", "#c8ccd1")]
     y = ROW + 2
     for track in lanes:
         spans = [s for s in profile.spans if s.track == track]

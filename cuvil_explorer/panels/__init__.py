@@ -14,7 +14,9 @@
 
 Built-in panels load lazily from the modules in `BUILTIN_PANELS` (add the new module there).
 Panels share an `ExplorerState`: `state.stage` is the pipeline point the user looks at (0: the
-input IR, k: the IR after pass k), so stepping in one panel moves the others.
+input IR, k: the IR after pass k), so stepping in one panel moves the others; `state.kernel` is
+the kernel the user looks at (the code panel shows it); setting `state.show` to a panel's name
+opens that panel's tab.
 """
 from __future__ import annotations
 
@@ -31,13 +33,18 @@ BUILTIN_PANELS: dict[str, str] = {
     "pipeline": "cuvil_explorer.panels.pipeline",
     "graph": "cuvil_explorer.panels.graph",
     "summary": "cuvil_explorer.panels.summary",
+    "code": "cuvil_explorer.panels.code",
+    "memory": "cuvil_explorer.panels.memory",
+    "profile": "cuvil_explorer.panels.profile",
 }
 
 _PANELS: dict[str, type["Panel"]] = {}
 
 
 class ExplorerState(traitlets.HasTraits):
-    stage = traitlets.Int(0)
+    stage = traitlets.Int(0)         # the pipeline point: 0 the input IR, k after pass k
+    kernel = traitlets.Unicode("")   # the kernel the user looks at
+    show = traitlets.Unicode("")     # set to a panel's name to open its tab
 
 
 class Panel:

@@ -1,11 +1,14 @@
 """The pipeline panel: the passes with time and changed flag, stepping (slider, prev/next, the
-list), the IR before and after the selected pass side by side, and a search over every pass's IR."""
+list), the IR before and after the selected pass side by side, a search over every pass's IR, and
+a pass bisection: run the numeric check after every pass and name the first that changed the
+model's results beyond tolerance."""
 from __future__ import annotations
 
 import html
 
 import ipywidgets as W
 
+from cuvil import CuvilError
 from cuvil.report_html import diff_html, pass_header_html, pass_label
 
 from . import Panel, register_panel
@@ -35,6 +38,9 @@ class PipelinePanel(Panel):
         self.search = W.Text(placeholder="search the IR", continuous_update=False, layout=W.Layout(width="200px"))
         self.find_next = W.Button(description="find next", layout=W.Layout(width="86px"))
         self.found = W.HTML()
+        self.bisect = W.Button(description="bisect numerics", layout=W.Layout(width="130px"),
+                               tooltip="check the results after every pass; name the first that changed them")
+        self.bisection = W.HTML()
         self.list = W.Select(rows=min(max(n, 2), 14), layout=W.Layout(width="220px", flex="0 0 auto"))
         self.header = W.HTML()
         self.diff = W.HTML(layout=W.Layout(width="100%"))
@@ -43,6 +49,7 @@ class PipelinePanel(Panel):
         self.prev.on_click(lambda _: self.step(-1))
         self.next.on_click(lambda _: self.step(+1))
         self.find_next.on_click(lambda _: self.next_match())
+        self.bisect.on_click(lambda _: self.run_bisection())
         self.slider.observe(self._on_slider, "value")
         self.list.observe(self._on_list, "value")
         self.hide.observe(lambda _: self._refilter(), "value")
@@ -53,7 +60,8 @@ class PipelinePanel(Panel):
         self._refilter()
         return W.VBox([
             W.HBox([self.prev, self.slider, self.next, self.position]),
-            W.HBox([self.hide, self.context, self.search, self.find_next, self.found]),
+            W.HBox([self.hide, self.context, self.search, self.find_next, self.found, self.bisect]),
+            self.bisection,
             W.HBox([self.list, W.VBox([self.header, self.diff], layout=W.Layout(flex="1", min_width="0"))]),
         ])
 
@@ -89,6 +97,24 @@ class PipelinePanel(Panel):
         hits = self.matches()
         if hits:
             self.select(next((i for i in hits if i > self.current), hits[0]))
+
+    def run_bisection(self) -> None:
+        """Run the pipeline again with the numeric check after every pass; show the first pass that
+        changed the results beyond tolerance (and step to it) and each pass's check in its header."""
+        try:
+            result = self.run.bisect()
+        except CuvilError as e:       # e.g. the interpreter cannot run an op of the model
+            self.bisection.value = f'<p class="cv-warn">The bisection could not run: {html.escape(str(e))}</p>'
+            return
+        for p, check in zip(self.passes, result.checks):
+            if check["max_abs_err"] is not None:
+                p.setdefault("checks", {})["numeric"] = {"max_abs_err": check["max_abs_err"], "ok": check["ok"]}
+        self.bisection.value = result.html()
+        if result.first_bad is not None:
+            self.hide.value = False
+            self.select(result.first_bad)
+        else:
+            self._render()
 
     # ------------------------------------------------------------------ events
 

@@ -1,10 +1,13 @@
-"""The explorer in a real JupyterLab, driven by Debian's Chromium through Playwright: run a `%%cuvil`
-cell, step through the passes with the buttons, open every tab, switch to the dark theme, and
-check the DOM. Screenshots go to tests/artifacts/explorer/ (not committed).
+"""The explorer in a real JupyterLab, driven by Debian's Chromium through Playwright: run `%%cuvil`
+cells, step through the passes with the buttons, open every tab (code, memory and profile panels on
+the zoo's CNN and BERT-small), click in the flame chart, save and download the profiles, switch to
+the dark theme, and check the DOM. Screenshots go to tests/artifacts/explorer/ (not committed).
 
 Never `playwright install`: the browser is /usr/bin/chromium (the Makefile installs it)."""
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import secrets
@@ -19,6 +22,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+import cuvil
+from cuvil import zoo
+from cuvil.profiler.flame import WIDTH
 
 from explorer_cases import FOLDABLE
 
@@ -38,11 +45,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_root(tmp_path: Path) -> tuple[Path, dict]:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%load_ext cuvil_explorer"),
-                                         nbformat.v4.new_code_cell("%%cuvil\n" + FOLDABLE)])
+MODELS = ["cnn", "bert_small"]
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "explore.ipynb")
+    nbformat.write(nb, path)
+
+
+def make_root(tmp_path: Path) -> tuple[Path, dict]:
+    write_notebook(tmp_path / "explore.ipynb", ["%load_ext cuvil_explorer", "%%cuvil\n" + FOLDABLE])
+    write_notebook(tmp_path / "models.ipynb", [
+        "%load_ext cuvil_explorer\nfrom cuvil import zoo\n" + "\n".join(f"{m} = zoo.get({m!r})" for m in MODELS)]
+        + [f"%%cuvil --dynamic {m}.dynamic --ranges {m}.ranges\n{m}.model(*{m}.example_inputs)" for m in MODELS])
     # an isolated configuration, with the "get Jupyter news?" toast answered
     settings = tmp_path / ".cfg/lab/user-settings/@jupyterlab/apputils-extension"
     settings.mkdir(parents=True)
@@ -74,7 +90,7 @@ def lab(tmp_path_factory):
             except OSError:
                 assert time.monotonic() < deadline, (root / "server.log").read_text()
                 time.sleep(0.5)
-        yield base, token
+        yield base, token, root
     finally:
         os.killpg(proc.pid, signal.SIGTERM)   # kernels are in the server's process group
         try:
@@ -91,7 +107,7 @@ def page():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         ctx.route("**/*", lambda r: r.continue_() if r.request.url.startswith(
-            ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else r.abort())
+            ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "file://")) else r.abort())
         pg = ctx.new_page()
         pg.set_default_timeout(60_000)
         yield pg
@@ -103,17 +119,27 @@ def luminance(css_color: str) -> float:
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
 
 
-def test_explorer_in_jupyterlab(lab, page):
-    base, token = lab
-    try:
-        # the toolbar says "idle" before the kernel's websocket exists: wait for the socket first
-        with page.expect_websocket(lambda ws: "/api/kernels/" in ws.url, timeout=120_000):
-            page.goto(f"{base}/lab/tree/explore.ipynb?reset&token={token}")
-        expect(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']")
-               ).to_have_count(1)
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+def run_all(page, lab, notebook: str):
+    base, token, _ = lab
+    # the toolbar says "idle" before the kernel's websocket exists: wait for the socket first
+    with page.expect_websocket(lambda ws: "/api/kernels/" in ws.url, timeout=120_000):
+        page.goto(f"{base}/lab/tree/{notebook}?reset&token={token}")
+    expect(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']")
+           ).to_have_count(1)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
 
+
+def dark_theme(page) -> None:
+    page.get_by_role("menuitem", name="Settings", exact=True).click()
+    page.locator(".lm-Menu-itemLabel").get_by_text("Theme", exact=True).click()
+    page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Dark", exact=True).click()
+    expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1)
+
+
+def test_explorer_in_jupyterlab(lab, page):
+    try:
+        run_all(page, lab, "explore.ipynb")
         out = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-tab"))
         expect(out).to_have_count(1, timeout=120_000)
         position = out.locator(".widget-html-content").filter(has_text=" / 5")
@@ -159,10 +185,7 @@ def test_explorer_in_jupyterlab(lab, page):
 
         # dark theme: the panels take JupyterLab's colours
         out.get_by_role("tab", name="Pipeline").click()
-        page.get_by_role("menuitem", name="Settings", exact=True).click()
-        page.locator(".lm-Menu-itemLabel").get_by_text("Theme", exact=True).click()
-        page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Dark", exact=True).click()
-        expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1)
+        dark_theme(page)
         code = diff.locator("td.cv-code").first
         page.wait_for_function("e => { const c = getComputedStyle(e).color.match(/\\d+/g);"
                                " return c && +c[0] > 150; }", arg=code.element_handle())
@@ -172,3 +195,150 @@ def test_explorer_in_jupyterlab(lab, page):
     except Exception:
         page.screenshot(path=str(SHOTS / "failure.png"))
         raise
+
+
+# ----------------------------------------------------------------------------- code, memory, profile
+
+
+def visible(out, css: str):
+    return out.locator(css).filter(visible=True)
+
+
+def check_code_panel(page, out, name: str) -> None:
+    out.get_by_role("tab", name="Code").click()
+    sources, kernels = visible(out, ".widget-select select").all()
+    # a source line marks the kernels it produced (◆), shows the first, and marks its ops
+    sources.select_option(index=2)
+    expect(kernels.locator("option", has_text="◆").first).to_be_attached()
+    marked = [t for t in kernels.locator("option").all_text_contents() if t.startswith("◆")]
+    header = visible(out, ".cv-kernhead")
+    expect(header).to_contain_text(marked[0].split()[2])          # "◆ 3. name  12 µs": the first marked kernel
+    assert visible(out, ".cv-ops tr.cv-hit").count() >= 1
+    assert "kernel @" in visible(out, "pre.cv-codeblock").first.inner_text()
+    page.screenshot(path=str(SHOTS / f"{name}-code.png"))
+    out.get_by_role("button", name="Assembly", exact=True).click()
+    expect(visible(out, "pre.cv-codeblock").first).to_contain_text("ret")
+    out.get_by_role("button", name="Side by side", exact=True).click()
+    expect(visible(out, ".cv-side pre.cv-codeblock")).to_have_count(3)
+    page.screenshot(path=str(SHOTS / f"{name}-code-side.png"))
+
+
+def check_memory_panel(page, out, name: str) -> None:
+    out.get_by_role("tab", name="Memory").click()
+    buffer = visible(out, ".widget-dropdown select").first
+    n = buffer.locator("option").count() - 1                     # after "(none)"
+    expect(visible(out, "svg.cv-timeline g.cv-buf")).to_have_count(n)
+    expect(visible(out, "svg.cv-packing g.cv-buf")).to_have_count(n)
+    buffer.select_option(index=1)
+    expect(visible(out, "g.cv-buf.cv-on")).to_have_count(2)      # the same buffer in both pictures
+    expect(visible(out, ".cv-kv").filter(has_text="used by").first).to_be_visible()
+    visible(out, "svg.cv-timeline").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / f"{name}-memory.png"))
+
+
+def check_profile_panel(page, out, name: str, root: Path) -> None:
+    out.get_by_role("tab", name="Profile").click()
+    svg = visible(out, "svg.cv-flamesvg")
+    frames = svg.locator("g.cv-fl")
+    assert frames.count() > 2
+    # click to zoom (in the browser, no kernel round trip) on the widest frame below the top bar
+    widths = frames.evaluate_all("fs => fs.map(f => +f.querySelector('rect').getAttribute('width'))")
+    frame = frames.nth(max(range(1, len(widths)), key=widths.__getitem__))
+    before = float(frame.locator("rect").get_attribute("width"))
+    frame.locator("rect").click()
+    assert before < WIDTH - 1 and float(frame.locator("rect").get_attribute("width")) == pytest.approx(WIDTH, abs=0.5)
+    expect(visible(out, ".cv-fl-info")).to_contain_text("% of run")
+    visible(out, ".cv-flame").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / f"{name}-profile.png"))
+    frames.nth(0).locator("rect").click()                        # the top bar zooms out
+    assert float(frame.locator("rect").get_attribute("width")) == pytest.approx(before, abs=0.5)
+    # the download link carries the Chrome trace itself
+    link = visible(out, "a.cv-download").first
+    href = link.get_attribute("href")
+    assert href.startswith("data:application/json;base64,")
+    trace = json.loads(base64.b64decode(href.split(",", 1)[1]))
+    assert {e["ph"] for e in trace["traceEvents"]} == {"M", "X"}
+    # the save button writes next to the notebook (the kernel's directory)
+    out.get_by_role("button", name="save Chrome trace").click()
+    expect(visible(out, ".widget-html-content").filter(has_text="saved")).to_contain_text(".trace.json")
+    saved = json.loads(next(root.glob("cuvil-*.trace.json")).read_text())
+    assert any(e["ph"] == "X" and e["cat"] == "run" for e in saved["traceEvents"])
+    # "show its code" opens the kernel in the Code tab
+    kernel = visible(out, ".widget-dropdown select").first
+    wanted = kernel.locator("option").nth(1).inner_text().split()[1]      # "12. name  3.4 µs"
+    kernel.select_option(index=1)
+    out.get_by_role("button", name="show its code").click()
+    expect(out.get_by_role("tab", name="Code")).to_have_attribute("aria-selected", "true")
+    expect(visible(out, ".cv-kernhead")).to_contain_text(wanted)
+
+
+def test_code_memory_and_profile_panels(lab, page):
+    root = Path(lab[2])
+    try:
+        run_all(page, lab, "models.ipynb")
+        outs = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-tab"))
+        expect(outs).to_have_count(len(MODELS), timeout=240_000)
+        for name, out in zip(MODELS, outs.all()):
+            out.scroll_into_view_if_needed()
+            out.get_by_role("tab", name="Summary").click()
+            expect(visible(out, ".cv-summary")).to_contain_text("as fast as eager PyTorch")
+            expect(visible(out, ".cv-summary")).to_contain_text("arena")
+            check_code_panel(page, out, name)
+            check_memory_panel(page, out, name)
+            check_profile_panel(page, out, name, root)
+        # the pass bisection on the CNN: O1 does not change its results
+        cnn = outs.first
+        cnn.get_by_role("tab", name="Pipeline").click()
+        cnn.get_by_role("button", name="bisect numerics").click()
+        expect(visible(cnn, ".cv-bisect")).to_contain_text("No pass changed the results")
+        page.screenshot(path=str(SHOTS / "cnn-bisect.png"))
+        bert = outs.last
+        bert.scroll_into_view_if_needed()
+        bert.get_by_role("tab", name="Memory").click()
+        visible(bert, "svg.cv-packing").scroll_into_view_if_needed()
+        dark_theme(page)
+        page.wait_for_timeout(1000)   # let the theme's transition finish before the picture
+        page.screenshot(path=str(SHOTS / "bert_small-memory-dark.png"))
+        bert.get_by_role("tab", name="Profile").click()
+        visible(bert, ".cv-flame").scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "bert_small-profile-dark.png"))
+    except Exception:
+        page.screenshot(path=str(SHOTS / "models-failure.png"))
+        raise
+
+
+def test_static_report_works_without_a_kernel(page, tmp_path):
+    """The static page's Code tab provenance and the flame chart's zoom run in the browser alone."""
+    cnn = zoo.get("cnn")
+    compiled = cuvil.compile(cnn.model, dynamic=cnn.dynamic, ranges=cnn.ranges)
+    compiled.profile(*cnn.example_inputs)
+    report = compiled.report
+    path = tmp_path / "cnn.html"
+    report.save_html(path)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.get_by_role("button", name="Code", exact=True).click()
+    (line,) = [s for s in report.sources if "self.depthwise" in s.text]
+    expected = [k["name"] for k in report.kernels if {op["id"] for op in k["ops"]} & set(line.ops)]
+    page.locator(".cv-srclist button").filter(has_text="self.depthwise").click()
+    marked = page.locator(".cv-kernlist button.cv-hit")
+    expect(marked).to_have_count(len(expected))
+    assert [b.get_attribute("data-k") for b in marked.all()] == expected
+    shown = page.locator(".cv-kern").filter(visible=True)
+    expect(shown).to_have_attribute("data-k", expected[0])
+    shown.get_by_role("button", name="Assembly", exact=True).click()
+    expect(shown.locator(".cv-kview").filter(visible=True)).to_contain_text("ret")
+    page.screenshot(path=str(SHOTS / "cnn-static-code.png"))
+    page.get_by_role("button", name="Profile", exact=True).click()
+    chart = page.locator("svg.cv-flamesvg").nth(1)                 # the run
+    frames = chart.locator("g.cv-fl")
+    widths = frames.evaluate_all("fs => fs.map(f => +f.querySelector('rect').getAttribute('width'))")
+    frame = frames.nth(max(range(1, len(widths)), key=widths.__getitem__))
+    frame.locator("rect").click()
+    assert float(frame.locator("rect").get_attribute("width")) == pytest.approx(WIDTH, abs=0.5)
+    page.screenshot(path=str(SHOTS / "cnn-static-profile.png"))
+    page.get_by_role("button", name="Memory", exact=True).click()
+    expect(page.locator("svg.cv-timeline g.cv-buf")).to_have_count(len(report.memory["buffers"]))
+    page.screenshot(path=str(SHOTS / "cnn-static-memory.png"))
+    assert errors == []

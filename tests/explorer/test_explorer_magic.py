@@ -41,7 +41,7 @@ def test_explorer_widget_tree(foldable):
     ex = foldable.explorer
     (shown,) = foldable.shown
     assert shown is ex.widget
-    assert ex.tab.titles == ("Pipeline", "Graph", "Summary")
+    assert ex.tab.titles == ("Pipeline", "Graph", "Code", "Profile", "Summary")   # one kernel, no arena: no Memory tab
     pipe = ex.panels["pipeline"]
     assert [label.split()[2] for label, _ in pipe.list.options] == O1
     marks = [label.split()[1] for label, _ in pipe.list.options]

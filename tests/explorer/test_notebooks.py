@@ -23,6 +23,7 @@ def execute(name: str, tmp_path_factory) -> nbformat.NotebookNode:
     cwd = tmp_path_factory.mktemp("nb")    # notebooks must not write next to themselves
     NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(cwd)}}).execute()
+    nb.cwd = cwd                           # what the notebook wrote is there
     return nb
 
 
@@ -36,8 +37,19 @@ def pass_pipeline(tmp_path_factory):
     return execute("02_pass_pipeline.ipynb", tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def codegen(tmp_path_factory):
+    return execute("03_codegen_and_profile.ipynb", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def memory(tmp_path_factory):
+    return execute("04_memory_planning.ipynb", tmp_path_factory)
+
+
 def test_every_notebook_is_tested():
-    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == ["01_quickstart.ipynb", "02_pass_pipeline.ipynb"]
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == [
+        "01_quickstart.ipynb", "02_pass_pipeline.ipynb", "03_codegen_and_profile.ipynb", "04_memory_planning.ipynb"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -86,7 +98,7 @@ def named(models: list[dict], name: str) -> list[dict]:
 
 def pass_list(models: list[dict]) -> list[str]:
     """The pass names in the pipeline panel's list (labels are `3. ● canonicalize  0.4 ms`)."""
-    (select,) = named(models, "SelectModel")
+    (select,) = [m for m in named(models, "SelectModel") if not m["description"]]
     return [label.split()[2] for label in select["_options_labels"]]
 
 
@@ -107,7 +119,7 @@ def test_quickstart_panels_in_the_saved_widget_state(quickstart):
     widgets = Widgets(quickstart)
     models = widgets.of_cell(cell_starting(quickstart, "%%cuvil --dynamic"))
     (tab,) = named(models, "TabModel")
-    assert tab["titles"] == ["Pipeline", "Graph", "Summary"]
+    assert tab["titles"] == ["Pipeline", "Graph", "Code", "Memory", "Profile", "Summary"]
     assert pass_list(models) == O1
     summary = [h["value"] for h in named(models, "HTMLModel") if "cv-summary" in h["value"]]
     assert len(summary) == 1 and "max abs error vs eager PyTorch" in summary[0]
@@ -163,7 +175,7 @@ def test_pass_pipeline_user_pass(pass_pipeline):
     widgets = Widgets(pass_pipeline)
     models = widgets.of_cell(cell_starting(pass_pipeline, "%%cuvil --passes O1,add-self-to-mul"))
     assert pass_list(models) == O1 + ["add-self-to-mul"]
-    (select,) = named(models, "SelectModel")
+    (select,) = [m for m in named(models, "SelectModel") if not m["description"]]
     assert select["_options_labels"][-1].split()[1] == "●"   # it changed the IR
     out = stdout(cell_starting(pass_pipeline, "record = "))
     assert "add-self-to-mul changed: True {'rewritten': 1}" in out
@@ -179,3 +191,96 @@ def test_notebooks_are_saved_without_outputs():
         nb = json.loads(path.read_text())
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
         assert nb["metadata"]["kernelspec"]["name"] == "python3", path.name
+
+
+# ----------------------------------------------------------------------------- 03 codegen and profile
+
+def described(models: list[dict], kind: str, description: str) -> dict:
+    (model,) = [m for m in named(models, kind) if m["description"] == description]
+    return model
+
+
+def test_codegen_code_panel_marks_the_kernels_of_the_source_line(codegen):
+    no_errors(codegen)
+    report = json.loads((codegen.cwd / "cnn-report.json").read_text())
+    models = Widgets(codegen).of_cell(cell_starting(codegen, "%%cuvil"))
+    (tab,) = named(models, "TabModel")
+    assert tab["titles"] == ["Pipeline", "Graph", "Code", "Memory", "Profile", "Summary"]
+    (line,) = [s for s in report["sources"] if "self.depthwise" in s["text"]]
+    # the kernels that hold an op carrying the line's location, from the report itself
+    expected = [k["name"] for k in report["kernels"] if {op["id"] for op in k["ops"]} & set(line["ops"])]
+    kernels = described(models, "SelectModel", "kernel")
+    marked = [kernels["_options_labels"][i].split()[2] for i, label in enumerate(kernels["_options_labels"])
+              if label.startswith("◆")]
+    assert marked == expected and len(expected) >= 2
+    sources = described(models, "SelectModel", "source")
+    assert sources["_options_labels"][sources["index"]].endswith("x = self.depthwise(self.block(x))")
+    printed = re.findall(r"  kernel (\S+):", stdout(cell_starting(codegen, 'code = _cuvil_explorer.select("code")')))
+    assert printed == expected
+    # the notebook switched the view to side by side: the three codes of the first marked kernel
+    (view,) = [m for m in named(models, "ToggleButtonsModel") if "Side by side" in m["_options_labels"]]
+    assert view["_options_labels"][view["index"]] == "Side by side"
+    (side,) = [h["value"] for h in named(models, "HTMLModel") if 'class="cv-side"' in h["value"]]
+    assert side.count("cv-codeblock") == 3 and f"kernel @{expected[0]}(" in side
+
+
+def test_codegen_profile_panel_and_chrome_trace(codegen):
+    report = json.loads((codegen.cwd / "cnn-report.json").read_text())
+    models = Widgets(codegen).of_cell(cell_starting(codegen, "%%cuvil"))
+    # the notebook switched the flame chart to the compile phases: a frame per phase and per pass
+    (flame,) = [h["value"] for h in named(models, "HTMLModel") if "<svg class=\"cv-flamesvg\"" in h["value"]]
+    frames = re.findall(r'<g class="cv-fl" data-s="\d+" data-e="\d+" data-n="([^"]*)"', flame)
+    assert frames[0] == "compile" and {"import", "passes", "native code"} <= set(frames)
+    assert [p["spec"] for p in report["passes"]] == [f for f in frames if f in {p["spec"] for p in report["passes"]}]
+    trace = json.loads((codegen.cwd / "cnn.trace.json").read_text())
+    runs = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "run"]
+    assert len(runs) == len(report["profile"]["run"])
+    steps = {st["step"]: st["kernel"] for st in report["schedule"]}
+    assert sorted(e["name"] for e in runs) == sorted(steps[r["step"]] for r in report["profile"]["run"])
+    assert f"{len(trace['traceEvents'])} events, {len(runs)} kernel calls" in stdout(
+        cell_starting(codegen, "profs = profiler.profiles"))
+    speedscope = json.loads((codegen.cwd / "cnn.speedscope.json").read_text())
+    assert {f["name"] for f in speedscope["shared"]["frames"]} >= set(steps.values())
+    err = float(re.search(r"batch 5: max abs error vs eager (\S+)", stdout(cell_starting(codegen, "x5 = ")))[1])
+    assert err <= 1e-5
+
+
+# ----------------------------------------------------------------------------- 04 memory planning
+
+def test_memory_chain_plan_is_ping_pong(memory):
+    no_errors(memory)
+    out = stdout(cell_starting(memory, 'mem = _cuvil_report.memory\nfor b'))
+    # hand-checked: five 8x256 f32 intermediates (8 KiB each), each read only by the next layer: two regions
+    assert "arena 16384 naive 40960 peak live 16384" in out
+    assert re.findall(r"takes over (%\d+)", out) == ["%3", "%7", "%11"]
+    sizes = stdout(cell_starting(memory, "arena, naive = sympy"))
+    assert "batch 64: arena  131072 bytes, naive  327680 bytes" in sizes
+
+
+def test_memory_panel_state(memory):
+    models = Widgets(memory).of_cell(cell_starting(memory, "%%cuvil --dynamic '[{0"))
+    assert described(models, "DropdownModel", "buffer")["_options_labels"][0] == "(none)"
+    buffer = described(models, "DropdownModel", "buffer")
+    assert buffer["_options_labels"][buffer["index"]].startswith("%11 ")
+    step = described(models, "DropdownModel", "step")
+    assert step["_options_labels"][step["index"]].startswith("2 · ")
+    html = [h["value"] for h in named(models, "HTMLModel")]
+    (timeline,) = [v for v in html if "cv-timeline" in v]
+    (packing,) = [v for v in html if "cv-packing" in v]
+    for svg in (timeline, packing):
+        assert svg.count('<g class="cv-buf') == 5 and svg.count("cv-stepon") == 1
+        assert re.findall(r'<g class="cv-buf cv-on" data-name="([^"]+)"', svg) == ["%11"]
+    (details,) = [v for v in html if "Buffer %11" in v]
+    assert "steps 2 to 3" in details and "Step 2" in details
+    (summary,) = [v for v in html if "peak live bytes" in v]
+    assert "16.0 KiB" in summary and "40.0 KiB" in summary and "60% less" in summary
+
+
+def test_memory_transformer_block(memory):
+    models = Widgets(memory).of_cell(cell_starting(memory, "%%cuvil --dynamic block"))
+    (tab,) = named(models, "TabModel")
+    assert "Memory" in tab["titles"]
+    out = stdout(cell_starting(memory, 'mem = _cuvil_report.memory\nprint(len'))
+    n, regions = map(int, re.search(r"(\d+) buffers in (\d+) regions", out).groups())
+    arena, naive, peak = map(int, re.search(r"(\d+) bytes, naive (\d+) bytes, peak live (\d+)", out).groups())
+    assert regions < n and peak <= arena < naive

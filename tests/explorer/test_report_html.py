@@ -114,7 +114,7 @@ class _Collect(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         for k, v in attrs:
-            if k in ("src", "href") and v and not v.startswith("#"):
+            if k in ("src", "href") and v and not v.startswith(("#", "data:")):   # data: URLs are inline
                 self.external.append(v)
 
 
@@ -139,4 +139,86 @@ def test_static_report_without_graphviz(report, monkeypatch):
     import cuvil.report_html as rh
     monkeypatch.setattr(rh, "graph_svg", lambda stage, clusters=(): None)
     page = render_report_html(report)
-    assert "graphviz is not installed" in page and "<svg" not in page
+    graph_tab = re.search(r'<section id="cv-t-graph" hidden>(.*?)</section>', page, re.S)[1]
+    assert "graphviz is not installed" in graph_tab and "<svg" not in graph_tab
+
+
+# ----------------------------------------------------------------------------- code, memory, profile
+
+from cuvil import profiler                                        # noqa: E402
+from cuvil.profiler.flame import WIDTH, ZOOM_JS, flame_svg       # noqa: E402
+from cuvil.report_html import live_bytes, memory_packing_svg, memory_timeline_svg, provenance  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def native_report():
+    """A profiled native compilation: three linear+relu layers, batch 4."""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Linear(32, 32), torch.nn.ReLU())]).eval()
+    compiled = cuvil.compile(model)
+    compiled.profile(torch.randn(4, 32))
+    return compiled.report
+
+
+def section(page: str, name: str) -> str:
+    return re.search(rf'<section id="cv-t-{name}" hidden>(.*?)</section>', page, re.S)[1]
+
+
+def test_static_page_code_memory_and_profile_tabs(native_report):
+    r = native_report
+    page = render_report_html(r)
+    assert re.findall(r'data-tab="cv-t-(\w+)"', page) == ["pipeline", "graph", "code", "memory", "profile",
+                                                          "summary", "ir"]
+    code = section(page, "code")
+    kernels = re.findall(r'<div class="cv-kern" data-k="([^"]+)" hidden>', code)
+    assert kernels == [k["name"] for k in r.kernels]
+    for k in r.kernels:
+        assert html.escape(k["asm"].splitlines()[1]) in code and f"kernel @{k['name']}(" in code
+    data = json.loads(re.search(r'<script type="application/json" id="cv-data">(.*?)</script>', page, re.S)[1])
+    for s in r.sources:     # a line's kernels are those holding one of its ops
+        assert data["sources"][f"{s.file}:{s.line}"] == [k["name"] for k in r.kernels
+                                                         if {op["id"] for op in k["ops"]} & set(s.ops)]
+    memory = section(page, "memory")
+    assert memory.count('<g class="cv-buf') == 2 * len(r.memory["buffers"]) > 0
+    prof = section(page, "profile")
+    assert prof.count('<svg class="cv-flamesvg"') == 2
+    href = re.search(r'<a class="cv-download" download="[^"]+\.trace\.json" href="data:application/json;base64,([^"]+)"',
+                     prof)[1]
+    trace = json.loads(__import__("base64").b64decode(href))
+    assert sum(e["ph"] == "X" and e["cat"] == "run" for e in trace["traceEvents"]) == len(r.profile["run"])
+
+
+def test_flame_svg_geometry():
+    spans = [profiler.Span("a", ("a",), 0, 1000, "compile"), profiler.Span("b", ("a", "b"), 0, 250, "compile"),
+             profiler.Span("c", ("a", "c"), 250, 1000, "compile")]
+    svg = flame_svg(profiler.Profile("compile", spans))
+    frames = re.findall(r'<g class="cv-fl" data-s="(\d+)" data-e="(\d+)" data-n="(\w+)">.*?<rect x="([\d.]+)" '
+                        r'y="(\d+)" width="([\d.]+)"', svg, re.S)
+    assert [(n, float(x), int(y), float(w)) for _, _, n, x, y, w in frames] == [
+        ("compile", 0.0, 0, WIDTH), ("a", 0.0, 20, WIDTH), ("b", 0.0, 38, WIDTH / 4), ("c", WIDTH / 4, 38, WIDTH * 0.75)]
+    assert html.unescape(re.search(r'onclick="([^"]*)"', svg)[1]) == ZOOM_JS
+
+
+def test_memory_pictures_geometry():
+    from cuvil.report import CompileReport
+    r = CompileReport(name="m", schedule=[{"step": k, "kernel": f"k{k}", "slots": []} for k in range(4)],
+                      memory={"arena_bytes": 200, "naive_bytes": 300, "regions": 2, "buffers": [
+                          {"name": "%a", "size": 100, "size_expr": "100", "offset": 0, "offset_expr": "0", "region": 0,
+                           "first_step": 0, "last_step": 1, "reuses": None},
+                          {"name": "%b", "size": 100, "size_expr": "100", "offset": 100, "offset_expr": "100",
+                           "region": 1, "first_step": 1, "last_step": 2, "reuses": None},
+                          {"name": "%c", "size": 100, "size_expr": "100", "offset": 0, "offset_expr": "0", "region": 0,
+                           "first_step": 2, "last_step": 3, "reuses": "%a"}]})
+    assert live_bytes(r) == [100, 200, 200, 100]
+    bars = re.findall(r'data-name="(%\w)">.*?<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)"',
+                      memory_timeline_svg(r), re.S)
+    step = (1000 - 180) / 4          # plot width over 4 steps, after the label column
+    assert [(n, float(x), float(w)) for n, x, w in bars] == [
+        ("%a", 180, 2 * step), ("%b", 180 + step, 2 * step), ("%c", 180 + 2 * step, 2 * step)]
+    rects = re.findall(r'data-name="(%\w)">.*?<rect x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)"',
+                       memory_packing_svg(r, selected="%b"), re.S)
+    # 320 units of height for 200 bytes: %a and %c at the bottom half, %b above
+    assert [(n, float(y), float(h)) for n, y, h in rects] == [("%a", 176, 160), ("%b", 16, 160), ("%c", 176, 160)]
+    assert 'class="cv-buf cv-on" data-name="%b"' in memory_packing_svg(r, selected="%b")
+    assert provenance(r).kernels == {}

@@ -196,8 +196,12 @@ CASES = [(key, dt) for key in mapped_opinfos() for dt in TESTED_DTYPES.get(key, 
 
 
 @functools.cache
+def results(key: str):
+    return run_opinfo(key, TESTED_DTYPES.get(key, F), OUTPUTS.get(key))
+
+
 def result(key: str, dtype: torch.dtype):
-    return run_opinfo(key, dtype, OUTPUTS.get(key))
+    return results(key)[dtype]
 
 
 def _id(case) -> str:
@@ -230,6 +234,8 @@ def test_every_aten_row_is_mapped_or_explained():
 def test_every_mapped_opinfo_exists():
     unknown = [k for k in mapped_opinfos() if k not in op_db()]
     assert not unknown, f"no OpInfo named {unknown} in torch's op_db"
+    stale = sorted((set(TESTED_DTYPES) | set(OUTPUTS)) - set(mapped_opinfos()))
+    assert not stale, f"TESTED_DTYPES/OUTPUTS name OpInfos that OPINFOS does not map: {stale}"
 
 
 def test_each_row_is_reached_by_its_opinfos():

@@ -326,3 +326,21 @@ cuvil.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
     assert report.kernels == []
     [native] = [p for p in report.phases if p["name"] == "native"]
     assert "constant @w has no data" in native["error"]
+
+
+def test_compiles_and_runs_under_inference_mode():
+    """Constants folded under torch.inference_mode are inference tensors (no version counter)."""
+    class Folds(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 4))
+
+        def forward(self, x):
+            return x @ (self.w * 2.0)          # weight-only math: canonicalize folds it into a new constant
+
+    model = Folds().eval()
+    with torch.inference_mode():
+        x = torch.randn(3, 8)
+        got = cuvil.compile(model)(x)
+        expected = model(x)
+    torch.testing.assert_close(got, expected)
