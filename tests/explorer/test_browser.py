@@ -130,11 +130,12 @@ def run_all(page, lab, notebook: str):
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
 
 
-def dark_theme(page) -> None:
+def theme(page, dark: bool) -> None:
+    """Switch JupyterLab's theme (the choice is saved in the server's settings, for later tests too)."""
     page.get_by_role("menuitem", name="Settings", exact=True).click()
     page.locator(".lm-Menu-itemLabel").get_by_text("Theme", exact=True).click()
-    page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Dark", exact=True).click()
-    expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1)
+    page.locator(".lm-Menu-itemLabel").get_by_text(f"JupyterLab {'Dark' if dark else 'Light'}", exact=True).click()
+    expect(page.locator(f"body[data-jp-theme-light='{'false' if dark else 'true'}']")).to_have_count(1)
 
 
 def test_explorer_in_jupyterlab(lab, page):
@@ -185,7 +186,7 @@ def test_explorer_in_jupyterlab(lab, page):
 
         # dark theme: the panels take JupyterLab's colours
         out.get_by_role("tab", name="Pipeline").click()
-        dark_theme(page)
+        theme(page, dark=True)
         code = diff.locator("td.cv-code").first
         page.wait_for_function("e => { const c = getComputedStyle(e).color.match(/\\d+/g);"
                                " return c && +c[0] > 150; }", arg=code.element_handle())
@@ -245,11 +246,12 @@ def check_profile_panel(page, out, name: str, root: Path) -> None:
     widths = frames.evaluate_all("fs => fs.map(f => +f.querySelector('rect').getAttribute('width'))")
     frame = frames.nth(max(range(1, len(widths)), key=widths.__getitem__))
     before = float(frame.locator("rect").get_attribute("width"))
+    visible(out, ".cv-flame").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / f"{name}-profile.png"))
     frame.locator("rect").click()
     assert before < WIDTH - 1 and float(frame.locator("rect").get_attribute("width")) == pytest.approx(WIDTH, abs=0.5)
     expect(visible(out, ".cv-fl-info")).to_contain_text("% of run")
-    visible(out, ".cv-flame").scroll_into_view_if_needed()
-    page.screenshot(path=str(SHOTS / f"{name}-profile.png"))
+    page.screenshot(path=str(SHOTS / f"{name}-profile-zoom.png"))
     frames.nth(0).locator("rect").click()                        # the top bar zooms out
     assert float(frame.locator("rect").get_attribute("width")) == pytest.approx(before, abs=0.5)
     # the download link carries the Chrome trace itself
@@ -260,8 +262,11 @@ def check_profile_panel(page, out, name: str, root: Path) -> None:
     assert {e["ph"] for e in trace["traceEvents"]} == {"M", "X"}
     # the save button writes next to the notebook (the kernel's directory)
     out.get_by_role("button", name="save Chrome trace").click()
-    expect(visible(out, ".widget-html-content").filter(has_text="saved")).to_contain_text(".trace.json")
-    saved = json.loads(next(root.glob("cuvil-*.trace.json")).read_text())
+    note = visible(out, ".widget-html-content").filter(has_text="saved")
+    expect(note).to_contain_text(".trace.json")
+    path = Path(note.inner_text().split("saved", 1)[1].strip())
+    assert path.parent == root.resolve() and path.name.startswith(f"cuvil-{name}.")
+    saved = json.loads(path.read_text())
     assert any(e["ph"] == "X" and e["cat"] == "run" for e in saved["traceEvents"])
     # "show its code" opens the kernel in the Code tab
     kernel = visible(out, ".widget-dropdown select").first
@@ -276,6 +281,7 @@ def test_code_memory_and_profile_panels(lab, page):
     root = Path(lab[2])
     try:
         run_all(page, lab, "models.ipynb")
+        theme(page, dark=False)
         outs = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-tab"))
         expect(outs).to_have_count(len(MODELS), timeout=240_000)
         for name, out in zip(MODELS, outs.all()):
@@ -296,7 +302,7 @@ def test_code_memory_and_profile_panels(lab, page):
         bert.scroll_into_view_if_needed()
         bert.get_by_role("tab", name="Memory").click()
         visible(bert, "svg.cv-packing").scroll_into_view_if_needed()
-        dark_theme(page)
+        theme(page, dark=True)
         page.wait_for_timeout(1000)   # let the theme's transition finish before the picture
         page.screenshot(path=str(SHOTS / "bert_small-memory-dark.png"))
         bert.get_by_role("tab", name="Profile").click()

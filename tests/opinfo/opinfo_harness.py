@@ -3,7 +3,7 @@
 A sample (`SampleInput(input, args, kwargs)`) becomes a function of its tensors, with every other
 argument baked in. All samples of one OpInfo (every tested dtype) are batched into one function:
 one torch.export, one native compile, because exporting is the slow part (~0.5 s of fixed cost in
-`run_decompositions`). If the batch does not go through, it is split by dtype, then by sample, so
+`run_decompositions`). If the batch does not go through, it is split by sample, then by dtype, so
 that a refusal or a crash is pinned on the sample that causes it.
 
 Each sample goes the whole way: `import_model` (torch.export, static shapes) -> the reference
@@ -205,7 +205,8 @@ def run_opinfo(key: str, dtypes: tuple[torch.dtype, ...],
     op = op_db()[key]
     cases = [Case.of(dt, i, s, outputs) for dt in dtypes for i, s in enumerate(samples_of(op, dt))]
     results = {dt: OpResult(key, dt) for dt in dtypes}
-    for outcome, aten_ops in _run_batch(op, key, cases, [lambda c: c.dtype, lambda c: c.index]):
+    # a sample that fails usually fails in every dtype: split by sample first
+    for outcome, aten_ops in _run_batch(op, key, cases, [lambda c: c.index, lambda c: c.dtype]):
         results[outcome.case.dtype].outcomes.append(outcome)
         results[outcome.case.dtype].aten_ops |= aten_ops
     for r in results.values():
