@@ -6,25 +6,29 @@ one torch.export, one native compile, because exporting is the slow part (~0.5 s
 `run_decompositions`). If the batch does not go through, it is split by sample, then by dtype, so
 that a refusal or a crash is pinned on the sample that causes it.
 
-Each sample goes the whole way: `import_model` (torch.export, static shapes) -> the reference
-interpreter on the imported IR -> `compile_module` (the O1 pipeline, then native code) -> the
-interpreter on the optimised IR, and the native engine. All three results are compared with eager.
+Each sample goes the whole way through `cuvil.compile`: `import_model` (torch.export, static
+shapes), the O1 pipeline, native code, the native engine. The compile report's IR, before and after
+the pipeline, is parsed back and run by the reference interpreter too. All three results are
+compared with eager. Wrapping the `ATEN_TABLE` rows records which ones a batch used (and, through
+the `Lowering` they get, the module's constants, which the printed IR leaves out).
 """
 from __future__ import annotations
 
 import functools
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
+from unittest import mock
 
 import torch
 import torch.utils._pytree as pytree
 
-from cuvil.compiler import compile_module
+import cuvil
 from cuvil.errors import CuvilError
-from cuvil.frontend import import_model
+from cuvil.frontend.aten_table import ATEN_TABLE
 from cuvil.frontend.importer import op_name
-from cuvil.ir import interpret
+from cuvil.ir import interpret, parse
 
 from skips import Refusal, matching_refusal
 
@@ -109,20 +113,43 @@ def batched(op, cases: list[Case]) -> Callable:
 
 @dataclass
 class CuvilRun:
-    """Cuvil's results for a batch: per path, the flat outputs; and the ops of the imported graph."""
+    """Cuvil's results for a batch: per path, the flat outputs; and the ATEN_TABLE rows it used."""
     results: dict[str, list[torch.Tensor]]
-    aten_ops: set[str]
+    rows: set[str]
 
 
 def run_cuvil(fn: Callable, tensors: list[torch.Tensor]) -> CuvilRun:
-    imported = import_model(fn, tuple(tensors))
-    aten_ops = {op_name(n.target) for n in imported.exported.graph.nodes if n.op == "call_function"}
-    inputs = imported.flatten_inputs(*tensors)
-    results = {"interpreter (imported IR)": interpret(imported.module, *inputs)}
-    compiled = compile_module(imported.module, pipeline="O1", details=False)
-    results["interpreter (after O1)"] = interpret(imported.module, *inputs)
-    results["native"] = list(compiled.native(*inputs))
-    return CuvilRun(results, aten_ops)
+    """`fn` takes only tensors, so they are the IR function's arguments too."""
+    model = cuvil.compile(fn)
+    with recording_rows() as seen:
+        native = pytree.tree_leaves(model(*tensors))
+    report = model.report
+
+    def interpreted(ir: str) -> list[torch.Tensor]:
+        return interpret(parse(ir), *tensors, constants=seen.constants)
+    return CuvilRun({"interpreter (imported IR)": interpreted(report.input_ir),
+                     "interpreter (after O1)": interpreted(report.output_ir), "native": native}, seen.rows)
+
+
+@dataclass
+class Seen:
+    rows: set[str] = field(default_factory=set)
+    constants: dict = field(default_factory=dict)
+
+
+@contextmanager
+def recording_rows():
+    """The ATEN_TABLE rows the importer calls meanwhile, and the constants of the module it builds."""
+    seen = Seen()
+
+    def recorded(name, row):
+        def call(L, *args):
+            seen.rows.add(name)
+            seen.constants = L.module.constants
+            return row(L, *args)
+        return call
+    with mock.patch.dict(ATEN_TABLE, {t: recorded(op_name(t), row) for t, row in ATEN_TABLE.items()}):
+        yield seen
 
 
 def mismatch(actual, expected: torch.Tensor, ref64: Callable[[], torch.Tensor | None]) -> str | None:
@@ -188,7 +215,7 @@ class OpResult:
     key: str
     dtype: torch.dtype
     outcomes: list[Outcome] = field(default_factory=list)
-    aten_ops: set[str] = field(default_factory=set)    # ops of the graphs Cuvil imported
+    rows: set[str] = field(default_factory=set)        # the ATEN_TABLE rows its imports used
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -206,9 +233,9 @@ def run_opinfo(key: str, dtypes: tuple[torch.dtype, ...],
     cases = [Case.of(dt, i, s, outputs) for dt in dtypes for i, s in enumerate(samples_of(op, dt))]
     results = {dt: OpResult(key, dt) for dt in dtypes}
     # a sample that fails usually fails in every dtype: split by sample first
-    for outcome, aten_ops in _run_batch(op, key, cases, [lambda c: c.index, lambda c: c.dtype]):
+    for outcome, rows in _run_batch(op, key, cases, [lambda c: c.index, lambda c: c.dtype]):
         results[outcome.case.dtype].outcomes.append(outcome)
-        results[outcome.case.dtype].aten_ops |= aten_ops
+        results[outcome.case.dtype].rows |= rows
     for r in results.values():
         r.outcomes.sort(key=lambda o: o.case.index)
     return results
@@ -235,7 +262,7 @@ def _run_batch(op, key: str, cases: list[Case], splits: list[Callable]) -> list[
         outcome = _judge(op, c, e, {path: r[k:k + n] for path, r in run.results.items()})
         if outcome.status == "passed" and not all(map(torch.equal, b, c.tensors)):
             outcome = Outcome(c, "failed", "Cuvil changed an input tensor")
-        out.append((outcome, run.aten_ops))
+        out.append((outcome, run.rows))
         k += n
     return out
 

@@ -27,12 +27,14 @@ class Refusal:
     dtypes: tuple[torch.dtype, ...] = ()    # empty: every dtype the OpInfo is tested in
 
     def matches(self, key: str, dtype: torch.dtype, text: str) -> bool:
-        return self.op == key and (not self.dtypes or dtype in self.dtypes) and re.search(self.message, text) is not None
+        in_dtypes = not self.dtypes or dtype in self.dtypes
+        return self.op == key and in_dtypes and re.search(self.message, text) is not None
 
 
 F64 = "a float64 result: Cuvil has no f64 dtype (f32, f16, bf16, i64, i32, i8, i1)"
 U8 = "a uint8 tensor: Cuvil has no unsigned 8-bit dtype"
-POOL_INDICES = "return_indices=True: Cuvil's pooling computes no argmax indices (max_pool2d_with_indices keeps output 0)"
+POOL_INDICES = ("return_indices=True: Cuvil's pooling computes no argmax indices (its max_pool2d_with_indices row "
+                "keeps output 0 only)")
 
 REFUSALS: list[Refusal] = [
     Refusal("__getitem__", r"indexing with None", "x[:, idx] (a full slice before an index tensor): Cuvil's "
@@ -73,12 +75,12 @@ NOT_RUN: list[Refusal] = [
             "logical_not only)", (torch.int64,)),
 ]
 
-_NOT_COMPUTE = ("not a computation (torch.export's shape checks and symbolic-int arithmetic); OpInfo samples "
-                "are imported with static shapes, so the dynamic-shape frontend tests cover it")
+_NOT_COMPUTE = ("not a computation but symbolic-int arithmetic or a shape check, which torch.export emits "
+                "only for dynamic shapes; OpInfo samples are imported with static ones")
 
 UNMAPPED: dict[str, str] = {
-    "aten.clamp_max.default": "OpInfo's clamp_max samples bound by tensors (aten.clamp_max.Tensor, which has no "
-                              "row), and no OpInfo decomposes to the scalar form",
+    "aten.clamp_max.default": "OpInfo's clamp_max samples bound by tensors, which export as aten.clamp.Tensor "
+                              "(no row), and no OpInfo decomposes to the scalar form",
     "aten.pow.Scalar": "only logspace decomposes to it, and its decomposition computes in float64 (see NOT_RUN)",
     "aten.sub.Scalar": "only cosine_embedding_loss and nanquantile decompose to it, and both also need ops "
                        "without a row (empty_permuted; sort, isnan)",
@@ -91,10 +93,10 @@ UNMAPPED: dict[str, str] = {
                             "view/_unsafe_view (the reshape OpInfo runs under aten.view.default)",
     "aten.convolution.default": "OpInfo's 2-d convolutions export as aten.conv2d; aten.convolution comes only "
                                 "from conv1d/conv3d/transposed convolutions, which this row refuses by design",
-    "aten.lift_fresh_copy.default": "comes from torch.tensor(...) literals inside a model; OpInfo samples pass "
-                                    "every tensor in as an input",
-    "aten.detach.default": "torch.export drops .detach() of inputs under no_grad; only nanmean's decomposition "
-                           "keeps one, next to isnan, which has no row",
+    "aten.lift_fresh_copy.default": "no OpInfo sample reaches it: torch 2.13 exports a tensor literal as a lifted "
+                                    "constant plus aten.clone",
+    "aten.detach.default": "of the OpInfos only nanmean calls .detach(), and its decomposition also needs isnan, "
+                           "which has no row",
     "aten._assert_scalar.default": _NOT_COMPUTE,
     "aten.sym_constrain_range_for_size.default": _NOT_COMPUTE,
     "aten.sym_size.int": _NOT_COMPUTE,
