@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import dag_reference, int_inputs
+from engine_helpers import dag_reference, int_inputs
 
 from cuvil import _native
 from cuvil.runtime import include_dir

@@ -7,7 +7,7 @@ import weakref
 import pytest
 import sympy
 import torch
-from conftest import K, N, S0, dag_reference, int_inputs
+from engine_helpers import K, N, S0, dag_reference, int_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_jit import jit
@@ -104,7 +104,7 @@ def test_profile_records_every_chunk_in_dependency_order(make_dag, pool_threads)
 
 
 def test_engine_keeps_jit_code_and_constants_alive(weight):
-    from conftest import dag_program
+    from engine_helpers import dag_program
     code, module = jit("add", "mul", "relu", "matmul")
     w = weight.clone()
     exe = Executable(dag_program(w), module)

@@ -3,7 +3,7 @@ import threading
 
 import pytest
 import torch
-from conftest import dag_reference
+from engine_helpers import dag_reference
 
 from cuvil import _native
 

@@ -4,7 +4,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import K, S0, int_inputs
+from engine_helpers import K, S0, int_inputs
 from native_jit import jit
 
 from cuvil import _native
@@ -180,7 +180,7 @@ def test_executable_checks_inputs_before_running(make_dag):
 
 
 def test_symbol_that_no_input_binds_is_refused(jitted, weight):
-    from conftest import dag_program
+    from engine_helpers import dag_program
     from cuvil.runtime import Executable
     program = dag_program(weight)
     program.symbols = {"s0": (1, 4096), "s1": (1, 8)}
@@ -195,7 +195,7 @@ def test_symbol_that_no_input_binds_is_refused(jitted, weight):
 def test_program_objects_with_unknown_kernels_or_slot_kinds_are_refused(jitted, weight):
     from dataclasses import replace
 
-    from conftest import dag_program
+    from engine_helpers import dag_program
     from cuvil.runtime import Executable, Slot
     program = dag_program(weight)
     program.steps[2] = replace(program.steps[2], kernel="gelu")
