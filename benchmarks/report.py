@@ -93,21 +93,41 @@ def _serving(results: dict, notes: Notes) -> list[str]:
     serving = results["serving"]
     if serving is None:
         return [f"Not run: it needs the case {results['settings']['serve_case']} at 1 thread."]
-    rows = []
+    cores = results["machine"]["cores"] or 1
+    rows, crowded_reps = [], False
     for engine, r in serving["engines"].items():
         if r["status"] != "ok":
-            rows.append([engine, notes.na(r), "", "", ""])
+            rows.append([engine, notes.na(r), "", "", "", ""])
             continue
         same = (f"yes ({r['calls_checked']} calls)" if r["mismatched"] == 0
                 else f"NO: {r['mismatched']} of {r['calls_checked']} calls differ")
-        rows.append([engine, f"{r['calls_per_s_1']:.0f}", f"{r['calls_per_s_2']:.0f}", f"{r['scaling']:.2f}×", same])
+        reps = []
+        for rep in r.get("reps", []):
+            busy = rep["other_load_cores"] is not None and cores - rep["other_load_cores"] < 1.5
+            crowded_reps |= busy
+            reps.append(f"{rep['scaling']:.2f}× ({_fmt_cores(rep['other_load_cores'])}{' ‡' if busy else ''})")
+        rows.append([engine, f"{r['calls_per_s_1']:.0f}", f"{r['calls_per_s_2']:.0f}", f"{r['scaling']:.2f}×",
+                     ", ".join(reps), same])
     load = serving["other_load_cores"]
+    avg = serving.get("load_average") or {}
+    s = results["settings"]
     return [f"Case {serving['case']}, each engine compiled for 1 thread; N Python threads call one compiled "
-            f"model in a loop for {results['settings']['serve_s']} s (median of {results['settings']['serve_reps']}"
-            f" runs, 1 and 2 threads alternating). Scaling = calls/s with 2 threads / with 1 (ideal 2.0 on 2 free "
-            f"cores). Every output is compared with a single-threaded reference."
-            + (f" Other processes used {load:.2f} cores meanwhile." if load is not None else ""), ""] + _table(
-        ["engine", "calls/s, 1 thread", "calls/s, 2 threads", "scaling", "outputs bit-identical"], rows)
+            f"model in a loop for {s['serve_s']} s. Each rep runs 1 then 2 threads, after waiting up to "
+            f"{s.get('serve_quiet_wait_s', 0)} s for other processes to use < {s['quiet_cores']} cores; scaling = "
+            f"calls/s with 2 threads / with 1 (ideal 2.0 on 2 free cores), median of {s['serve_reps']} reps, then "
+            f"each rep with the cores other processes used during it. Every output is compared with a "
+            f"single-threaded reference."
+            + (f" Other processes used {load:.2f} cores over the whole check" if load is not None else "")
+            + (f"; load average {_fmt_load(avg.get('start'))} at the start, {_fmt_load(avg.get('end'))} at the end."
+               if avg else ".")
+            + (" ‡: that rep had less than 1.5 free cores, so it measures the other load, not the engine."
+               if crowded_reps else ""), ""] + _table(
+        ["engine", "calls/s, 1 thread", "calls/s, 2 threads", "scaling (median)", "scaling per rep (other load)",
+         "outputs bit-identical"], rows)
+
+
+def _fmt_cores(cores: float | None) -> str:
+    return "load unknown" if cores is None else f"other load {cores:.2f} cores"
 
 
 def _fmt_load(load_average: list[float] | None) -> str:

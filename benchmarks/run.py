@@ -39,7 +39,8 @@ class Settings:
     warmup_s: float = 0.5
     serve_case: str = "mlp_b1"    # the two-Python-thread throughput check, engines at 1 thread
     serve_s: float = 1.0
-    serve_reps: int = 3
+    serve_reps: int = 5
+    serve_quiet_wait_s: float = 5.0   # per serving rep: the 2-thread check needs the other core free
     quiet_cores: float = 0.3      # before each round, wait for other processes to use fewer cores than this,
     quiet_wait_s: float = 1.0     # for at most this long per round
     quiet_budget_s: float = 6.0   # and this long per row
@@ -48,7 +49,7 @@ class Settings:
     @classmethod
     def for_run(cls, cases, engines, threads, quick: bool, **overrides) -> "Settings":
         speed = dict(rounds=2, block_s=0.02, min_calls=2, warmup_s=0.0, serve_s=0.1, serve_reps=1,
-                     quiet_wait_s=0.0, quiet_budget_s=0.0) if quick else {}
+                     serve_quiet_wait_s=0.0, quiet_wait_s=0.0, quiet_budget_s=0.0) if quick else {}
         return cls(cases, engines, threads, quick, **{**speed, **overrides})
 
 
@@ -162,15 +163,16 @@ def add_numbers(cells: dict, samples: dict, outputs: dict) -> None:
 
 
 def serve_all(workers: Workers, case: Case, handles: dict, s: Settings) -> dict:
-    wait_for_quiet(workers.pids(), s.quiet_wait_s, s.quiet_cores)
-    load = OtherLoad(workers.pids())
+    load, load_avg = OtherLoad(workers.pids()), load_average()
     engines = {}
     for engine, handle in handles.items():
         try:
-            engines[engine] = {"status": "ok", **handle.call("serve", s.serve_s, s.serve_reps)}
+            engines[engine] = {"status": "ok", **handle.call("serve", s.serve_s, s.serve_reps, s.serve_quiet_wait_s,
+                                                                s.quiet_cores)}
         except WorkerError as exc:
             engines[engine] = not_available(str(exc))
-    return {"case": case.name, "engines": engines, "other_load_cores": load.cores()}
+    return {"case": case.name, "engines": engines, "other_load_cores": load.cores(),
+            "load_average": {"start": load_avg, "end": load_average()}}
 
 
 def measure(workers: Workers, case: Case, threads: int, s: Settings, log) -> tuple[dict, dict | None]:
@@ -226,6 +228,9 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument("--threads", default="1,2", help="thread counts, comma-separated (default 1,2)")
     p.add_argument("--cuvil-dynamic", action="store_true",
                    help="give cuvil.compile the zoo's dynamic-dim hints (default: static shapes, like the others)")
+    p.add_argument("--serve-quiet-wait", type=float, default=None, metavar="S",
+                   help="two-thread check: wait up to S seconds per rep for a quiet machine (default "
+                        f"{Settings.serve_quiet_wait_s})")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="output folder (default benchmarks/results)")
     args = p.parse_args(argv)
     try:
@@ -243,7 +248,9 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, Path]:
         p.error(f"--threads takes whole numbers, got '{args.threads}'")
     if not threads or threads[0] < 1:
         p.error("--threads needs thread counts of 1 or more")
-    return Settings.for_run(cases, engines, threads, args.quick, cuvil_dynamic=args.cuvil_dynamic), args.out
+    overrides = {} if args.serve_quiet_wait is None else {"serve_quiet_wait_s": args.serve_quiet_wait}
+    return Settings.for_run(cases, engines, threads, args.quick, cuvil_dynamic=args.cuvil_dynamic,
+                            **overrides), args.out
 
 
 def main(argv: list[str] | None = None) -> int:

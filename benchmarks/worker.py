@@ -71,21 +71,30 @@ class Worker:
         with self.engines.inference_mode():
             return timed_calls(self.runner, seconds, min_calls)
 
-    def serve(self, seconds: float, reps: int) -> dict:
+    def serve(self, seconds: float, reps: int, quiet_wait_s: float = 0.0, quiet_cores: float = 0.3) -> dict:
         """Calls/s of 1 vs 2 Python threads sharing the compiled model; every output is compared
-        with a single-threaded reference for bit equality."""
+        with a single-threaded reference for bit equality. Each rep (1 then 2 threads) first waits up
+        to `quiet_wait_s` for a quiet machine and records the cores other processes used meanwhile:
+        on a 2-core box, two threads can only scale while nothing else runs."""
+        from .machine import OtherLoad, wait_for_quiet
         with self.engines.inference_mode():
             reference = self.engine.leaves(self.runner())
-        rates: dict[int, list[float]] = {1: [], 2: []}
-        calls = mismatched = 0
+        ours = [os.getpid(), os.getppid()]
+        runs, calls, mismatched = [], 0, 0
         for _ in range(reps):
+            wait_for_quiet(ours, quiet_wait_s, quiet_cores)
+            load = OtherLoad(ours)
+            rate = {}
             for n in (1, 2):
                 done, bad, elapsed = self._serve_once(n, seconds, reference)
-                rates[n].append(done / elapsed)
+                rate[n] = done / elapsed
                 calls, mismatched = calls + done, mismatched + bad
-        one, two = median(rates[1]), median(rates[2])
-        return {"calls_per_s_1": one, "calls_per_s_2": two, "scaling": two / one,
-                "calls_checked": calls, "mismatched": mismatched}
+            runs.append({"calls_per_s_1": rate[1], "calls_per_s_2": rate[2], "scaling": rate[2] / rate[1],
+                         "other_load_cores": load.cores()})
+        one, two = median(r["calls_per_s_1"] for r in runs), median(r["calls_per_s_2"] for r in runs)
+        quietest = min(runs, key=lambda r: (r["other_load_cores"] is None, r["other_load_cores"] or 0.0))
+        return {"calls_per_s_1": one, "calls_per_s_2": two, "scaling": two / one, "reps": runs,
+                "quietest": quietest, "calls_checked": calls, "mismatched": mismatched}
 
     def _serve_once(self, n: int, seconds: float, reference: list[np.ndarray]) -> tuple[int, int, float]:
         stop, start = threading.Event(), threading.Barrier(n + 1)

@@ -35,13 +35,15 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from .compiler import Compilation, compile_module, grouping_for, symbol_sizes
+from .codegen.grouping import grouping_for
+from .compiler import Compilation, compile_module, pipeline_for, symbol_sizes
 from .errors import CuvilError
 from .frontend import ImportResult, import_model
 from .frontend.annotations import function_annotations
 from .frontend.export import CuvilExportError, input_names
 from .passes import Pipeline
 from .report import CompileReport
+from .schedule import anchor_misses
 from .runtime import get_num_threads, set_num_threads
 from .runtime.exprs import evaluate, to_postfix
 
@@ -53,7 +55,8 @@ FALLBACKS = ("error", "eager")
 class CompileOptions:
     backend: str = "llvm"                 # the code generator; LLVM (host CPU) is the one there is
     enable_fusion: Any = True             # True: fused groups; False: one kernel per op; or a grouping
-    pipeline: str = "O1"                  # the graph pass pipeline
+    pipeline: str = "O2"                  # the pass pipeline (O0-O3 or a pipeline string)
+    disable_passes: tuple = ()            # passes of the pipeline switched off, by name
     dynamic: Any = None                   # dynamic dims, as `import_model` takes them
     ranges: dict | None = None            # {"batch": (1, 64)}
     threads: int | None = None            # the engine's thread pool size (process-wide)
@@ -80,14 +83,17 @@ class CompileOptions:
         if not (isinstance(opts.max_recompiles, int) and opts.max_recompiles >= 0):
             raise CuvilError(f"cuvil.compile: max_recompiles must be an int >= 0, not {opts.max_recompiles!r}")
         grouping_for(opts.enable_fusion)   # a bad grouping or pipeline fails here, not at the first call
-        Pipeline.of(opts.pipeline)
+        opts.passes()
         return opts
+
+    def passes(self) -> Pipeline:
+        return pipeline_for(self.pipeline, self.disable_passes, self.enable_fusion)
 
 
 def compile(target: Callable | None = None, /, **options) -> "CompiledModel | Callable[[Callable], CompiledModel]":
     """Compile a function or `nn.Module`; `@cuvil.compile` and `@cuvil.compile(option=...)` both work.
 
-    Options: backend ("llvm"), enable_fusion (True/False), pipeline ("O1"), dynamic
+    Options: backend ("llvm"), enable_fusion (True/False), pipeline ("O2"), disable_passes, dynamic
     (`{"x": {0: "batch"}}` or one dict per positional input), ranges (`{"batch": (1, 64)}`),
     threads, fallback ("error" or "eager"), cache, max_recompiles."""
     opts = CompileOptions.of(options)
@@ -334,7 +340,8 @@ class CompiledModel:
 
     def profile(self, *args, **kwargs):
         """Run once natively, recording each kernel call: (outputs, [StepTiming]); also stored in
-        `report.profile["run"]`."""
+        `report.profile["run"]`, with the steps that missed their latency anchor
+        (`schedule.max_latency_us`) in `report.profile["anchor_misses"]`."""
         self(*args, **kwargs)      # compiles if needed
         if kwargs:
             args, kwargs = self._canonical(args, kwargs)
@@ -343,6 +350,8 @@ class CompiledModel:
             if hit is not None:
                 outputs, timings = v.native.executable.profile(*hit[0])
                 v.report.profile["run"] = [t._asdict() for t in timings]
+                v.report.profile["anchor_misses"] = [
+                    {**vars(m), "over_us": m.over_us} for m in anchor_misses(timings, v.native.build.anchors_us)]
                 return v.imported.unflatten(list(outputs)), timings
         raise CuvilError(f"this call runs in eager PyTorch ({self._fallback_reason or 'no compiled variant'}); "
                          f"there is no native run to profile")
@@ -484,7 +493,7 @@ class CompiledModel:
             (example, {}) if isinstance(example, tuple) else ((), example))
         sizes = symbol_sizes(imported.function, [leaves[i] for i in imported.tensor_positions])
         self._report = CompileReport(name=self._name(), input_ir="", phases=phases)
-        compilation = compile_module(imported.module, pipeline=self.options.pipeline, name=self._name(),
+        compilation = compile_module(imported.module, pipeline=self.options.passes(), name=self._name(),
                                      grouping=grouping_for(self.options.enable_fusion),
                                      cache="disk" if self.options.cache else None, hint_sizes=sizes,
                                      phases=phases, raise_errors=False, details=False)

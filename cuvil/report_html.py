@@ -20,7 +20,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from .profiler.flame import fmt_ns
 
@@ -170,25 +170,194 @@ def _stage(title: str, text: str, before: Stage | None, position: int) -> Stage:
 
 
 def ir_stages(report: "CompileReport") -> list[Stage]:
-    """The input IR, then the IR after every pass (a pass that did not change the text shares the
-    stage before it, with nothing marked)."""
+    """The input IR, then the IR after every pass (a pass that did not change the text, or a program
+    pass, which works on the lowered program and leaves the graph IR as it was, shares the stage
+    before it, with nothing marked)."""
     stages = [_stage("input", report.input_ir, None, 0)]
     for k, p in enumerate(report.passes, 1):
         prev = stages[-1]
         text = p.get("ir_after")
         title = f"after {p.get('spec') or p['name']}"
-        if text is None or text == prev.text:
+        if text is None or text == prev.text or p.get("stage") == "program":
             stages.append(Stage(title, prev.text, prev.functions))
         else:
             stages.append(_stage(title, text, prev, k))
     return stages
 
 
-def fusion_clusters(report: "CompileReport") -> list[tuple[str, list[str]]]:
-    """Fusion groups as (label, printed value names in the output IR): `report.fusion["groups"]`
-    entries `{"name": "g0", "values": ["%3", "%4"], ...}`."""
-    return [(str(g.get("name", f"group {i}")), list(g.get("values", [])))
-            for i, g in enumerate(report.fusion.get("groups", []))]
+# ----------------------------------------------------------------------------- fusion decisions
+# `report.fusion` (written by the fuse pass; the compiler adds each group's kernel):
+#   {"options": {...}, "groups": [{"id", "name", "ops", "values", "kind", "root", "summary", "kernel"}],
+#    "refused": [{"group", "candidate", "candidate_op", "candidate_name", "consumer", "rule", "reason"}]}
+# "values" and "candidate"/"consumer" are printed value names in the output IR; "kernel" is None for
+# a group that became no kernel (and before native code). Without a fuse pass both lists are empty.
+
+_PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+            "#9c755f", "#bab0ac"]
+
+
+class Cluster(NamedTuple):
+    """A box drawn around ops in the graph."""
+    label: str
+    values: list[str]       # printed value names of the ops inside
+    colour: str = ""
+
+
+def group_size(g: dict) -> int:
+    """Ops in a group, as the fuse pass counts them (literals and views are not counted)."""
+    return g.get("size", len(g.get("ops", [])))
+
+
+def is_fused(g: dict) -> bool:
+    """Whether a group holds more than one op."""
+    return g["kind"] != "single"
+
+
+def group_kernel(report: "CompileReport", g: dict) -> str:
+    """The kernel a group was compiled to ("" when the report has no such kernel)."""
+    return g.get("kernel") if g.get("kernel") in {k["name"] for k in report.kernels} else ""
+
+
+def fusion_colours(report: "CompileReport") -> list[str]:
+    """A colour per group, by the machine code it runs: groups whose kernels share code (the same
+    layer repeated) share a colour."""
+    code_of = {st["kernel"]: st.get("code_of") or st["kernel"] for st in report.schedule}
+    codes: dict[str, str] = {}
+    out = []
+    for g in report.fusion.get("groups", []):
+        kernel = group_kernel(report, g)
+        key = code_of.get(kernel, kernel) or f"group {g['name']}"
+        out.append(codes.setdefault(key, _PALETTE[len(codes) % len(_PALETTE)]))
+    return out
+
+
+def fusion_clusters(report: "CompileReport") -> list[Cluster]:
+    """The groups of more than one op, as graph clusters labelled with the group and its kernel and
+    coloured by kernel."""
+    out = []
+    for g, colour in zip(report.fusion.get("groups", []), fusion_colours(report)):
+        if is_fused(g):
+            kernel = group_kernel(report, g)
+            out.append(Cluster(f"{g['name']} · {kernel}" if kernel else g["name"], list(g["values"]), colour))
+    return out
+
+
+def group_label(g: dict, refused: int = 0) -> str:
+    """`g2 · gemm-epilogue · linear + add + relu (3 ops) · 1 refused`."""
+    n = group_size(g)
+    text = f"{g['name']} · {g['kind']} · {g['summary']} ({n} op{'s' if n != 1 else ''})"
+    return text + (f" · {refused} refused" if refused else "")
+
+
+def refusal_label(r: dict) -> str:
+    """`multi-use: %2 softmax → %5`."""
+    return f"{r['rule']}: {r['candidate']} {r.get('candidate_name', '').removeprefix('cuvil.')} → {r['consumer']}"
+
+
+def refusals_of(report: "CompileReport", index: int) -> list[int]:
+    """Indices of the refusals recorded for group `index` (by its "id", else its position)."""
+    gid = report.fusion["groups"][index]["id"]
+    return [j for j, r in enumerate(report.fusion["refused"]) if r["group"] == gid]
+
+
+def fusion_rules(report: "CompileReport") -> Counter:
+    return Counter(r["rule"] for r in report.fusion.get("refused", []))
+
+
+def fusion_summary_html(report: "CompileReport") -> str:
+    """How many groups and refusals (by rule), and the fuse pass's options."""
+    groups, refused = report.fusion["groups"], report.fusion["refused"]
+    multi = [g for g in groups if is_fused(g)]
+    rules = ", ".join(f"{html.escape(rule)} {n}" for rule, n in fusion_rules(report).most_common())
+    options = ", ".join(f"{k}={v}" for k, v in report.fusion.get("options", {}).items())
+    parts = [f"{len(groups)} group{'s' if len(groups) != 1 else ''}: {len(multi)} fuse several ops "
+             f"({sum(group_size(g) for g in multi)} ops in them)",
+             f"{len(refused)} candidate{'s' if len(refused) != 1 else ''} refused" + (f" ({rules})" if rules else ""),
+             f"options <code>{html.escape(options)}</code>"]
+    return '<p class="cv-fusesum">' + " · ".join(parts) + "</p>"
+
+
+def _ir_lines(report: "CompileReport") -> tuple[list[str], dict[str, int]]:
+    """The output IR's lines, and for each printed value name the line that defines it."""
+    lines = report.output_ir.splitlines()
+    defines: dict[str, int] = {}
+    for n, line in enumerate(lines):
+        m = _OP.match(line.strip())
+        if m and m["results"]:
+            for name in m["results"].split(", "):
+                defines.setdefault(name, n)
+    return lines, defines
+
+
+def _ir_line(report: "CompileReport", name: str) -> str:
+    lines, defines = _ir_lines(report)
+    return _LOC.sub("", lines[defines[name]].strip()) if name in defines else f"{name} (not in the output IR)"
+
+
+def group_details_html(report: "CompileReport", index: int) -> str:
+    """A group: kind, what it computes, its ops and values, its kernel, the candidates it refused."""
+    g = report.fusion["groups"][index]
+    kernel = group_kernel(report, g)
+    shared = next((st["code_of"] for st in report.schedule if st["kernel"] == kernel and st.get("code_of")), None)
+    rows = [("kind", html.escape(g["kind"])), ("computes", html.escape(g["summary"])),
+            ("ops", f"{group_size(g)} (op ids " + ", ".join(map(str, g["ops"])) + ")"),
+            ("values", html.escape(", ".join(g["values"])) + f" (root <code>{html.escape(g['root'])}</code>)"),
+            ("kernel", f"<code>{html.escape(kernel)}</code>" + (f", runs the code of <code>{html.escape(shared)}</code>"
+                                                                   if shared else "") if kernel else "-")]
+    refused = [report.fusion["refused"][j] for j in refusals_of(report, index)]
+    if refused:
+        rows.append(("refused", "<br>".join(f"<code>{html.escape(refusal_label(r))}</code>: {html.escape(r['reason'])}"
+                                            for r in refused)))
+    return kv_table(f"Group {g['name']}", rows)
+
+
+def refusal_details_html(report: "CompileReport", index: int) -> str:
+    """A refused candidate: the rule and its reason, the group, and the two ops."""
+    r = report.fusion["refused"][index]
+    group = next((g for g in report.fusion["groups"] if g["id"] == r["group"]), None)
+    rows = [("rule", f"<b>{html.escape(r['rule'])}</b>"), ("reason", html.escape(r["reason"])),
+            ("group", html.escape(group_label(group)) if group else "-"),
+            ("candidate", f'<code class="cv-cand">{html.escape(_ir_line(report, r["candidate"]))}</code>'),
+            ("consumer", f'<code class="cv-cons">{html.escape(_ir_line(report, r["consumer"]))}</code>')]
+    return kv_table(f"Not fused: {r['candidate']} into {r['consumer']}", rows)
+
+
+def group_marks(report: "CompileReport", index: int) -> dict[str, str]:
+    return dict.fromkeys(report.fusion["groups"][index]["values"], "cv-hit")
+
+
+def refusal_marks(report: "CompileReport", index: int) -> dict[str, str]:
+    r = report.fusion["refused"][index]
+    return {r["candidate"]: "cv-cand", r["consumer"]: "cv-cons"}
+
+
+def fusion_ir_html(report: "CompileReport", marks: dict[str, str], context: int | None = 3) -> str:
+    """The output IR, each line of a multi-op group with its group's colour at the left and the
+    lines defining the `marks` values (name -> css class) highlighted; with `context`, only the
+    marked lines and that many lines around them."""
+    lines, defines = _ir_lines(report)
+    stripe: dict[int, str] = {}
+    for g, colour in zip(report.fusion.get("groups", []), fusion_colours(report)):
+        if is_fused(g):
+            stripe.update((defines[v], colour) for v in g["values"] if v in defines)
+    marked = {defines[name]: cls for name, cls in marks.items() if name in defines}
+    keep = set(range(len(lines)))
+    if context is not None:
+        keep = {n for m in marked for n in range(m - context, m + context + 1) if 0 <= n < len(lines)}
+    out, skipped = [], 0
+    for n, line in enumerate(lines):
+        if n not in keep:
+            skipped += 1
+            continue
+        if skipped:
+            out.append(f'<span class="cv-gap">⋯ {skipped} line{"s" if skipped != 1 else ""}</span>')
+            skipped = 0
+        style = f' style="border-left-color: {stripe[n]}"' if n in stripe else ""
+        cls = f"cv-irline {marked[n]}" if n in marked else "cv-irline"
+        out.append(f'<span class="{cls}"{style}>{html.escape(_LOC.sub("", line)) or " "}</span>')
+    if skipped:
+        out.append(f'<span class="cv-gap">⋯ {skipped} line{"s" if skipped != 1 else ""}</span>')
+    return f'<pre class="cv-pre cv-fuseir"><div class="cv-irbody">{"".join(out)}</div></pre>'
 
 
 # ----------------------------------------------------------------------------- graph -> dot -> svg
@@ -218,8 +387,9 @@ def _label(n: Node) -> str:
     return (f"{lhs} = {short}" if lhs else short) + f"\n{_short_type(n.type)}"
 
 
-def graph_dot(stage: Stage, clusters: list[tuple[str, list[str]]] = ()) -> str:
-    """Graphviz source of the dataflow graph of a stage; node names are the stable ids, `%` written `v`."""
+def graph_dot(stage: Stage, clusters: Iterable[Cluster] = ()) -> str:
+    """Graphviz source of the dataflow graph of a stage; node names are the stable ids, `%` written `v`.
+    Clusters (label, values[, colour]) box the ops that define those values."""
     import graphviz
 
     g = graphviz.Digraph("cuvil", graph_attr={"bgcolor": "transparent", "rankdir": "TB", "ranksep": "0.3",
@@ -228,13 +398,9 @@ def graph_dot(stage: Stage, clusters: list[tuple[str, list[str]]] = ()) -> str:
                                     "fontsize": "10", "height": "0.3"},
                          edge_attr={"arrowsize": "0.6"})
     name_to_id = {name: n.id for n in stage.nodes() for name in n.names}
-    in_cluster = {}
-    for label, names in clusters:
-        for name in names:
-            if name in name_to_id:
-                in_cluster[name_to_id[name]] = label
-    bodies = {label: graphviz.Digraph(f"cluster_{i}", graph_attr={"label": label, "style": "dashed"})
-              for i, (label, _) in enumerate(clusters)}
+    clusters = [Cluster(*c) for c in clusters]
+    in_cluster = {name_to_id[name]: i for i, c in enumerate(clusters) for name in c.values if name in name_to_id}
+    bodies = [graphviz.Digraph(f"cluster_{i}", graph_attr=_cluster_attrs(c)) for i, c in enumerate(clusters)]
     multi = len(stage.functions) > 1
     for fn, nodes in stage.functions.items():
         target = graphviz.Digraph(f"cluster_fn_{fn}", graph_attr={"label": f"@{fn}"}) if multi else g
@@ -254,12 +420,19 @@ def graph_dot(stage: Stage, clusters: list[tuple[str, list[str]]] = ()) -> str:
                 target.edge(_dot_name(src), _dot_name(n.id))
         if multi:
             g.subgraph(target)
-    for body in bodies.values():
+    for body in bodies:
         g.subgraph(body)
     return g.source
 
 
-def graph_svg(stage: Stage, clusters: list[tuple[str, list[str]]] = ()) -> str | None:
+def _cluster_attrs(c: Cluster) -> dict[str, str]:
+    if not c.colour:
+        return {"label": c.label, "style": "dashed"}
+    return {"label": c.label, "fontname": "Helvetica", "fontsize": "11", "style": "rounded,filled",
+            "color": c.colour, "fillcolor": c.colour + "2e", "penwidth": "2", "class": "cv-fusion"}
+
+
+def graph_svg(stage: Stage, clusters: Iterable[Cluster] = ()) -> str | None:
     """Inline `<svg>` text of a stage's graph, or None when graphviz (package or `dot`) is missing."""
     try:
         import graphviz
@@ -648,8 +821,6 @@ def kernel_times_html(prov: Provenance) -> str:
 
 # ----------------------------------------------------------------------------- memory plan
 
-_REGION_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-                   "#9c755f", "#bab0ac"]
 _PLOT_W, _LEFT, _BAR = 1000, 180, 14
 
 
@@ -733,7 +904,7 @@ def memory_timeline_svg(report: "CompileReport", selected: str = "", step: int |
     for i, b in enumerate(bufs):
         y = top + i * _BAR
         on = " cv-on" if b["name"] == selected else ""
-        colour = _REGION_COLOURS[b["region"] % len(_REGION_COLOURS)]
+        colour = _PALETTE[b["region"] % len(_PALETTE)]
         parts.append(f'<g class="cv-buf{on}" data-name="{html.escape(b["name"])}"><title>{html.escape(_buffer_title(b))}'
                      f'</title><text x="{_LEFT - 6}" y="{y + _BAR - 4}" text-anchor="end">'
                      f'{html.escape(_clip(b["name"], 24))}</text>'
@@ -770,7 +941,7 @@ def memory_packing_svg(report: "CompileReport", selected: str = "", step: int | 
         x0 = _LEFT + b["first_step"] * w
         width = (b["last_step"] - b["first_step"] + 1) * w
         y1, y0 = y(b["offset"] + b["size"]), y(b["offset"])
-        colour = _REGION_COLOURS[b["region"] % len(_REGION_COLOURS)]
+        colour = _PALETTE[b["region"] % len(_PALETTE)]
         label = _clip(b["name"], int(width // 6.5)) if y0 - y1 >= 11 else ""
         parts.append(f'<g class="cv-buf{on}" data-name="{html.escape(b["name"])}"><title>{html.escape(_buffer_title(b))}'
                      f'</title><rect x="{x0:.1f}" y="{y1:.1f}" width="{width:.1f}" height="{max(y0 - y1, 1):.1f}" '
@@ -835,7 +1006,8 @@ def pass_label(i: int, p: dict) -> str:
 
 
 def pass_header_html(i: int, p: dict) -> str:
-    stats = ", ".join(f"{k}={v}" for k, v in p.get("statistics", {}).items())
+    stats = ", ".join(f"{k}={v}" for k, v in p.get("statistics", {}).items()
+                      if not isinstance(v, (dict, list)))    # structured ones (fuse's "fusion") have their own panel
     checks = ", ".join(f"{k}: {v}" for k, v in p.get("checks", {}).items())
     state = (f"skipped ({p['skipped']})" if p.get("skipped")
              else "changed the IR" if p.get("changed") else "IR unchanged")
@@ -881,7 +1053,7 @@ CSS = """
 .cv-graph { overflow: auto; max-height: 640px; color: var(--jp-ui-font-color1, #1f2328); }
 .cv-graph svg .node text, .cv-graph svg .cluster text { fill: currentColor; }
 .cv-graph svg .node polygon, .cv-graph svg .node ellipse, .cv-graph svg .node path,
-.cv-graph svg .cluster polygon { stroke: currentColor; }
+.cv-graph svg .cluster:not(.cv-fusion) polygon { stroke: currentColor; }
 .cv-graph svg .edge path { stroke: currentColor; }
 .cv-graph svg .edge polygon { stroke: currentColor; fill: currentColor; }
 .cv-legend span { display: inline-block; padding: 0 6px; margin-right: 6px; border-radius: 3px; }
@@ -927,6 +1099,15 @@ CSS = """
 .cv-flamesvg .cv-fl:hover rect { stroke: #1f2328; stroke-width: 1; }
 .cv-flamesvg .cv-fl-on rect { stroke: var(--jp-brand-color1, #0969da); stroke-width: 2; }
 .cv-downloads a { margin-right: 14px; color: var(--jp-content-link-color, #0969da); }
+.cv-root pre.cv-fuseir { max-height: 420px; overflow: auto; margin: 0; padding: 2px 0; white-space: pre;
+  border: 1px solid var(--jp-border-color2, #d0d7de); color: var(--jp-content-font-color1, #1f2328); }
+.cv-fuseir .cv-irbody { display: inline-block; min-width: 100%; }
+.cv-fuseir .cv-irline { display: block; border-left: 4px solid transparent; padding-left: 6px; }
+.cv-fuseir .cv-gap { display: block; padding-left: 10px; color: var(--jp-ui-font-color2, #656d76); font-style: italic; }
+.cv-fuseir .cv-hit { background: rgba(255, 200, 0, 0.35); }
+.cv-root .cv-cand { background: rgba(248, 81, 73, 0.28); }
+.cv-root .cv-cons { background: rgba(9, 105, 218, 0.25); }
+.cv-swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 6px; }
 """
 
 # The standalone page has no JupyterLab around it: define the variables (light, and dark when
@@ -948,6 +1129,7 @@ body { margin: 0; padding: 12px 16px; }
 .cv-list button { display: block; width: 100%; text-align: left; font: inherit; color: inherit;
   background: none; border: 0; padding: 2px 6px; cursor: pointer; white-space: pre; }
 .cv-list button.cv-on { background: rgba(9, 105, 218, 0.2); }
+.cv-list button[hidden] { display: none; }
 .cv-list button.cv-hit { font-weight: 700; }
 .cv-main { flex: 1; min-width: 0; }
 .cv-controls { margin: 6px 0; display: flex; gap: 8px; align-items: center; flex-wrap: wrap; }
@@ -1046,12 +1228,27 @@ _PAGE_JS = """
   });
   const first = $('.cv-kernlist button');
   if (first) showKernel(first.dataset.k);
+  // Fusion tab: a group or a refusal shows its details; the rule filter narrows the refusals
+  function showFusion(key) {
+    $$('.cv-fuselist button').forEach((b) => b.classList.toggle('cv-on', b.dataset.f === key));
+    $$('.cv-fuseitem').forEach((d) => { d.hidden = d.dataset.f !== key; });
+  }
+  $$('.cv-fuselist button').forEach((b) => b.addEventListener('click', () => showFusion(b.dataset.f)));
+  const rule = $('#cv-fuse-rule');
+  if (rule) rule.addEventListener('change', () => $$('.cv-fuselist button[data-rule]').forEach((b) => {
+    b.hidden = !!rule.value && b.dataset.rule !== rule.value; }));
+  $$('.cv-tokernel').forEach((b) => b.addEventListener('click', () => {
+    $$('.cv-tabs button').find((t) => t.dataset.tab.endsWith('-code')).click();
+    showKernel(b.dataset.k);
+  }));
+  const firstFused = $('.cv-fuselist button');
+  if (firstFused) showFusion(firstFused.dataset.f);
 })();
 """
 
 
 def render_report_html(report: "CompileReport") -> str:
-    """One self-contained HTML page (inline CSS and JS, no network) with the pipeline, graph,
+    """One self-contained HTML page (inline CSS and JS, no network) with the pipeline, graph, fusion,
     code, memory, profile, summary and IR of a report."""
     from . import __version__
 
@@ -1065,7 +1262,7 @@ def render_report_html(report: "CompileReport") -> str:
             stage_of.append(stage_of[-1])
             continue
         stage_of.append(k)
-        svg = graph_svg(st, clusters if k == len(stages) - 1 else [])
+        svg = graph_svg(st, clusters if st.functions is stages[-1].functions else [])
         body = svg if svg is not None else '<p class="cv-note">graphviz is not installed: no graph.</p>'
         drawn.append(f'<div class="cv-stagegraph cv-graph" data-k="{k}" hidden>{graph_notes_html(st)}{body}</div>')
 
@@ -1097,6 +1294,8 @@ def render_report_html(report: "CompileReport") -> str:
             ("graph", "Graph", f"""
  <div class="cv-controls"><label>IR <select id="cv-stage">{options}</select></label></div>
  {''.join(drawn)}""")]
+    if report.fusion.get("groups") or report.fusion.get("refused"):
+        tabs.append(("fusion", "Fusion", _static_fusion(report)))
     if report.kernels:
         tabs.append(("code", "Code", _static_code(prov)))
     if report.memory.get("buffers"):
@@ -1148,6 +1347,38 @@ def _static_code(prov: Provenance) -> str:
     return (f'<div class="cv-pipe"><div class="cv-list cv-srclist"><div class="cv-listhead">source lines</div>'
             f'{srcs or "<p class=cv-note>none</p>"}</div><div class="cv-list cv-kernlist"><div class="cv-listhead">'
             f'kernels</div>{kerns}</div><div class="cv-main">{bodies}</div></div>')
+
+
+def _static_fusion(report: "CompileReport") -> str:
+    """The Fusion tab of the static page: the groups and the refusals (filtered by rule); each shows
+    its details and its place in the output IR, and a group links to its kernel in the Code tab."""
+    esc = html.escape
+    groups, refused = report.fusion.get("groups", []), report.fusion.get("refused", [])
+    colours = fusion_colours(report)
+    items, bodies = [], []
+    for i, (g, colour) in enumerate(zip(groups, colours)):
+        key = f"g{i}"
+        items.append(f'<button data-f="{key}"><span class="cv-swatch" style="background: {colour}"></span>'
+                     f'{esc(group_label(g, len(refusals_of(report, i))))}</button>')
+        kernel = group_kernel(report, g)
+        link = (f'<div class="cv-controls"><button class="cv-tokernel" data-k="{esc(kernel)}">show kernel '
+                f'{esc(kernel)} in the Code tab</button></div>') if kernel else ""
+        bodies.append(f'<div class="cv-fuseitem" data-f="{key}" hidden>{group_details_html(report, i)}{link}'
+                      f'{fusion_ir_html(report, group_marks(report, i))}</div>')
+    refused_items = []
+    for j, r in enumerate(refused):
+        key = f"r{j}"
+        refused_items.append(f'<button data-f="{key}" data-rule="{esc(r["rule"])}">{esc(refusal_label(r))}</button>')
+        bodies.append(f'<div class="cv-fuseitem" data-f="{key}" hidden>{refusal_details_html(report, j)}'
+                      f'{fusion_ir_html(report, refusal_marks(report, j))}</div>')
+    rules = "".join(f'<option value="{esc(rule)}">{esc(rule)} ({n})</option>'
+                    for rule, n in sorted(fusion_rules(report).items()))
+    return (f'{fusion_summary_html(report)}<div class="cv-controls"><label>rule <select id="cv-fuse-rule">'
+            f'<option value="">all rules</option>{rules}</select></label></div>'
+            f'<div class="cv-pipe"><div class="cv-list cv-fuselist"><div class="cv-listhead">groups</div>'
+            f'{"".join(items) or "<p class=cv-note>none</p>"}</div><div class="cv-list cv-fuselist">'
+            f'<div class="cv-listhead">refused candidates</div>{"".join(refused_items) or "<p class=cv-note>none</p>"}'
+            f'</div><div class="cv-main">{"".join(bodies)}</div></div>')
 
 
 def _static_profile(report: "CompileReport", prov: Provenance) -> str:

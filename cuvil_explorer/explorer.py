@@ -24,7 +24,7 @@ class Explorer:
         self.tab = W.Tab(children=[p.widget for p in self.panels.values()],
                          titles=[p.title for p in self.panels.values()])
         self.tab.observe(lambda change: self._activate(change["new"]), "selected_index")
-        self.state.observe(lambda change: change["new"] in self.panels and self.select(change["new"]), "show")
+        self.state.observe(lambda change: self._show(change["new"]), "show")
         self.widget = W.VBox([W.HTML(f"<style>{CSS}</style>" + self._header()), self.tab])
         self.widget.add_class("cv-root")
         self._activate(0)
@@ -33,6 +33,11 @@ class Explorer:
         """Open a panel's tab, as a click on it would."""
         self.tab.selected_index = list(self.panels).index(name)
         return self.panels[name]
+
+    def _show(self, name: str) -> None:
+        if name in self.panels:
+            self.select(name)
+            self.state.show = ""     # so that asking for the same panel again opens it again
 
     def _activate(self, index: int | None) -> None:
         for i, panel in enumerate(self.panels.values()):

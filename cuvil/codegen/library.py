@@ -4,10 +4,12 @@ and window ops (pooling, direct convolution).
 - Window ops are computed per output element (`WINDOW_OPS[name](lowering, op, idx) -> Expr`): a
   small `Reduce` over the window with masked loads for the padding. They sit in the ordinary loop
   nest, so elementwise prologues and epilogues fuse with them.
-- GEMM-based ops (`LIBRARY[name](lowering, op)`) write their raw product into a buffer with
-  `scipy_cblas_sgemm` inside a parallel loop over tiles (batch entries, row blocks of the output,
-  images and groups), and then run the group's epilogue (bias, activation) over the block each
-  tile produced, while it is still in cache.
+- GEMM-based ops (`LIBRARY[name](lowering, op)`) write their raw product into a buffer with a
+  kernel-IR `Gemm` (OpenBLAS sgemm, or Cuvil's own loops when it has at most a few rows: see
+  `llvm_emit.SMALL_GEMM_MAX_ROWS`) inside a parallel loop over tiles (batch entries, blocks of
+  rows and columns of the output, images and groups), and then run the group's epilogue (bias,
+  activation) over the block each tile produced, while it is still in cache. Column tiles let a
+  batch-1 linear (a GEMV) split across threads.
 
 Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
 unpadded ungrouped convolutions, a direct kernel when the reduction per output element is small
@@ -28,6 +30,7 @@ from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
 from .scalar_ops import call, cast, const
 
 ROW_TILE = 64           # output rows per parallel GEMM tile (linear, folded matmul)
+COL_TILE = 256          # output columns per tile, for outputs at least twice as wide
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
 
@@ -230,25 +233,37 @@ def _decompose(lw, flat, shape):
     return out
 
 
-def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True):
-    """C[rows, n] = A[rows, k] @ op(B) in parallel tiles of rows; each tile then runs the epilogue
-    over its rows (`row_shape`: the output dims the flat row index spans)."""
-    tiles = norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE))
+def _column_tiles(n) -> tuple[int, object]:
+    """(tiles, width) along the output columns: a wide GEMM is cut into COL_TILE-column tiles so that
+    even one row of output (batch 1: a GEMV) splits across threads."""
+    if isinstance(n, int) and n >= 2 * COL_TILE:
+        return math.ceil(n / COL_TILE), COL_TILE
+    return 1, n
 
-    def tile(t):
-        count = sympy.Min(ROW_TILE, rows - ROW_TILE * t) if tiles != 1 else rows
-        first = ROW_TILE * t
-        lw.emit(Gemm(BufRef(T, first * n), BufRef(A, first * k), BufRef(B, 0), count, n, k, k, ldb, n,
+
+def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True):
+    """C[rows, n] = A[rows, k] @ op(B) in parallel tiles of rows and columns; each tile then runs
+    the epilogue over its block (`row_shape`: the output dims the flat row index spans)."""
+    row_tiles = norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE))
+    col_tiles, width = _column_tiles(n)
+
+    def tile(p):
+        t, c = _decompose(lw, p, [row_tiles, col_tiles])
+        count = sympy.Min(ROW_TILE, rows - ROW_TILE * t) if row_tiles != 1 else rows
+        cols = sympy.Min(width, n - width * c) if col_tiles != 1 else n
+        first, first_col = ROW_TILE * t, width * c
+        lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k),
+                     BufRef(B, first_col * ldb if trans_b else first_col), count, cols, k, k, ldb, n,
                      trans_b=trans_b))
 
         def row(r):
             idx = _decompose(lw, first + r, row_shape)
             if has_cols:
-                lw.loop("e1", n, lambda j: lw.store_outputs(idx + [j]))
+                lw.loop("e1", cols, lambda j: lw.store_outputs(idx + [first_col + j]))
             else:
                 lw.store_outputs(idx)
         lw.loop("e0", count, row)
-    lw.loop("p", tiles, tile, parallel=True)
+    lw.loop("p", norm_dim(row_tiles * col_tiles), tile, parallel=True)
 
 
 def linear(lw, op):

@@ -37,6 +37,10 @@ MEMORY_TYPES = {**VALUE_TYPES, DType.bool: I8}
 
 GEMM_SYMBOL = "scipy_cblas_sgemm"
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
+# Up to this many rows of C, a GEMM runs Cuvil's own loops (`small_gemm_function`) instead of
+# OpenBLAS, whose sgemm packs a whole panel of B even for one row (measured: 3.4x slower at
+# 1x1024x1024); the loops stream B once, at memory speed.
+SMALL_GEMM_MAX_ROWS = 8
 REDUCE_FLAGS = ("reassoc", "contract")
 
 
@@ -57,6 +61,20 @@ class ModuleBuilder:
         if fn is None:
             fnty = ir.FunctionType(ir.VoidType(), [I32] * 6 + [F32, PTR, I32, PTR, I32, F32, PTR, I32])
             fn = ir.Function(self.module, fnty, name=GEMM_SYMBOL)
+        return fn
+
+    def small_gemm_function(self, trans_b: bool, beta: bool) -> ir.Function:
+        """`void (i64 m, i64 n, i64 k, float alpha, ptr A, i64 lda, ptr B, i64 ldb, float beta, ptr C,
+        i64 ldc)`: C = alpha * A @ op(B) (+ beta * C when `beta`), row-major, A not transposed.
+        One per variant and module; LLVM vectorises the inner loops at O3."""
+        name = f"cuvil.small_gemm.{'nt' if trans_b else 'nn'}{'.beta' if beta else ''}"
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32,
+                                                                                     PTR, I64]), name=name)
+            fn.linkage = "internal"
+            fn.attributes.add("nounwind")
+            (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta)
         return fn
 
 
@@ -175,18 +193,41 @@ class KernelEmitter:
         self.scalars[s.var.name] = self.b.load(acc, typ=ty, name=s.var.name)
 
     def gemm(self, s: Gemm) -> None:
+        """OpenBLAS sgemm, or Cuvil's small-GEMM loops when C has at most SMALL_GEMM_MAX_ROWS rows
+        (decided here when m is a constant, else by a branch at run time)."""
+        b = self.b
+        m = sympy.sympify(s.m)
+        if s.trans_a or (m.is_Integer and m > SMALL_GEMM_MAX_ROWS):
+            self._sgemm(s)
+        elif m.is_Integer:
+            self._small_gemm(s)
+        else:
+            small = b.icmp_signed("<=", self.index(m), ir.Constant(I64, SMALL_GEMM_MAX_ROWS))
+            with b.if_else(small) as (then, otherwise):
+                with then:
+                    self._small_gemm(s)
+                with otherwise:
+                    self._sgemm(s)
+
+    def _gemm_ptr(self, ref) -> ir.Value:
+        return self.b.gep(self.bufs[ref.buf.name], [self.index(ref.offset)], inbounds=True, source_etype=F32)
+
+    def _sgemm(self, s: Gemm) -> None:
         b = self.b
 
         def i32(e):
             return b.trunc(self.index(e), I32)
-
-        def ptr(ref):
-            return b.gep(self.bufs[ref.buf.name], [self.index(ref.offset)], inbounds=True, source_etype=F32)
         trans = {False: ir.Constant(I32, CBLAS_NO_TRANS), True: ir.Constant(I32, CBLAS_TRANS)}
         b.call(self.mb.gemm_function(), [
             ir.Constant(I32, CBLAS_ROW_MAJOR), trans[s.trans_a], trans[s.trans_b], i32(s.m), i32(s.n), i32(s.k),
-            ir.Constant(F32, s.alpha), ptr(s.a), i32(s.lda), ptr(s.b), i32(s.ldb), ir.Constant(F32, s.beta),
-            ptr(s.c), i32(s.ldc)])
+            ir.Constant(F32, s.alpha), self._gemm_ptr(s.a), i32(s.lda), self._gemm_ptr(s.b), i32(s.ldb),
+            ir.Constant(F32, s.beta), self._gemm_ptr(s.c), i32(s.ldc)])
+
+    def _small_gemm(self, s: Gemm) -> None:
+        self.b.call(self.mb.small_gemm_function(s.trans_b, s.beta != 0.0), [
+            self.index(s.m), self.index(s.n), self.index(s.k), ir.Constant(F32, s.alpha), self._gemm_ptr(s.a),
+            self.index(s.lda), self._gemm_ptr(s.b), self.index(s.ldb), ir.Constant(F32, s.beta),
+            self._gemm_ptr(s.c), self.index(s.ldc)])
 
     # -- memory
     def address(self, buf: Buffer, index) -> ir.Value:
@@ -308,6 +349,122 @@ class KernelEmitter:
 
     def index_value(self, e: Index) -> ir.Value:
         return self.index(e.expr)
+
+
+# ----------------------------------------------------------------------------- small GEMM
+
+def _small_gemm_args(fn: ir.Function):
+    for a, name in zip(fn.args, ("m", "n", "k", "alpha", "A", "lda", "B", "ldb", "beta", "C", "ldc")):
+        a.name = name
+        if name in ("A", "B", "C"):
+            a.add_attribute("noalias")
+    return fn.args
+
+
+def _for(b: ir.IRBuilder, n: ir.Value, name: str, body: Callable[[ir.Value], None]) -> None:
+    """for (i = 0; i < n; ++i) body(i)"""
+    pre = b.block
+    header, inner, exit_ = (b.function.append_basic_block(f"{name}.{part}") for part in ("header", "body", "exit"))
+    b.branch(header)
+    b.position_at_end(header)
+    i = b.phi(I64, name=name)
+    i.add_incoming(ir.Constant(I64, 0), pre)
+    b.cbranch(b.icmp_signed("<", i, n), inner, exit_)
+    b.position_at_end(inner)
+    body(i)
+    i.add_incoming(b.add(i, ir.Constant(I64, 1), flags=["nsw"]), b.block)
+    b.branch(header)
+    b.position_at_end(exit_)
+
+
+def _at(b: ir.IRBuilder, base, row, ld, col) -> ir.Value:
+    return b.gep(base, [b.add(b.mul(row, ld, flags=["nsw"]), col, flags=["nsw"])], inbounds=True, source_etype=F32)
+
+
+def _finish(b: ir.IRBuilder, acc, alpha, beta, c_ptr, with_beta: bool) -> None:
+    """*c_ptr = alpha * acc (+ beta * *c_ptr)"""
+    out = b.fmul(alpha, acc)
+    if with_beta:
+        out = b.fadd(out, b.fmul(beta, b.load(c_ptr, typ=F32, align=4)))
+    b.store(out, c_ptr, align=4)
+
+
+def _dots(b: ir.IRBuilder, k, a_row, b_rows) -> list:
+    """sum_p a_row[p] * b_row[p] for each of `b_rows` (pointers), in one loop over p: each load of
+    a_row serves every B row. The sums carry `reassoc` so LLVM vectorises them."""
+    fn = b.function
+    pre = b.block
+    header, inner, done = (fn.append_basic_block(f"dot.{part}") for part in ("header", "body", "exit"))
+    b.branch(header)
+    b.position_at_end(header)
+    p = b.phi(I64, name="p")
+    p.add_incoming(ir.Constant(I64, 0), pre)
+    accs = [b.phi(F32, name=f"acc{r}") for r in range(len(b_rows))]
+    for acc in accs:
+        acc.add_incoming(ir.Constant(F32, 0.0), pre)
+    b.cbranch(b.icmp_signed("<", p, k), inner, done)
+    b.position_at_end(inner)
+    x = b.load(b.gep(a_row, [p], inbounds=True, source_etype=F32), typ=F32, align=4)
+    for acc, row in zip(accs, b_rows):
+        w = b.load(b.gep(row, [p], inbounds=True, source_etype=F32), typ=F32, align=4)
+        acc.add_incoming(b.fadd(acc, b.fmul(x, w, flags=REDUCE_FLAGS), flags=REDUCE_FLAGS), inner)
+    p.add_incoming(b.add(p, ir.Constant(I64, 1), flags=["nsw"]), inner)
+    b.branch(header)
+    b.position_at_end(done)
+    return accs
+
+
+SMALL_GEMM_B_ROWS = 4   # rows of B per pass of the dot loop (4 input streams; a row of A loaded once for 4)
+
+
+def _emit_small_gemm_nt(fn: ir.Function, with_beta: bool) -> None:
+    """C[i, j] = alpha * dot(A[i, :], B[j, :]): B's rows stream once from memory, SMALL_GEMM_B_ROWS
+    at a time (then one at a time for the rest), each against every row of A (A stays in cache)."""
+    m, n, k, alpha, A, lda, B, ldb, beta, C, ldc = _small_gemm_args(fn)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(I64, 0)
+
+    def rows_of_b(first, count):
+        def row_of_a(i):
+            b_rows = [_at(b, B, b.add(first, ir.Constant(I64, r), flags=["nsw"]), ldb, zero) for r in range(count)]
+            for r, acc in enumerate(_dots(b, k, _at(b, A, i, lda, zero), b_rows)):
+                j = b.add(first, ir.Constant(I64, r), flags=["nsw"])
+                _finish(b, acc, alpha, beta, _at(b, C, i, ldc, j), with_beta)
+        _for(b, m, "i", row_of_a)
+    blocks = b.sdiv(n, ir.Constant(I64, SMALL_GEMM_B_ROWS))
+    _for(b, blocks, "jb", lambda jb: rows_of_b(b.mul(jb, ir.Constant(I64, SMALL_GEMM_B_ROWS), flags=["nsw"]),
+                                                 SMALL_GEMM_B_ROWS))
+    rest = b.mul(blocks, ir.Constant(I64, SMALL_GEMM_B_ROWS), flags=["nsw"])
+    _for(b, b.sub(n, rest), "jr", lambda r: rows_of_b(b.add(rest, r, flags=["nsw"]), 1))
+    b.ret_void()
+
+
+def _emit_small_gemm_nn(fn: ir.Function, with_beta: bool) -> None:
+    """C[i, :] = beta * C[i, :] + sum_p (alpha * A[i, p]) * B[p, :]: C's rows (in cache) accumulate
+    while each row of B streams once; the inner loop over C's columns vectorises."""
+    m, n, k, alpha, A, lda, B, ldb, beta, C, ldc = _small_gemm_args(fn)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def start(i):
+        def one(j):
+            ptr = _at(b, C, i, ldc, j)
+            b.store(b.fmul(beta, b.load(ptr, typ=F32, align=4)) if with_beta else ir.Constant(F32, 0.0), ptr,
+                    align=4)
+        _for(b, n, "j0", one)
+    _for(b, m, "i0", start)
+
+    def row_of_b(p):
+        def row_of_a(i):
+            x = b.fmul(alpha, b.load(_at(b, A, i, lda, p), typ=F32, align=4))
+
+            def column(j):
+                ptr = _at(b, C, i, ldc, j)
+                prod = b.fmul(x, b.load(_at(b, B, p, ldb, j), typ=F32, align=4), flags=["contract"])
+                b.store(b.fadd(b.load(ptr, typ=F32, align=4), prod, flags=["contract"]), ptr, align=4)
+            _for(b, n, "j", column)
+        _for(b, m, "i", row_of_a)
+    _for(b, k, "p", row_of_b)
+    b.ret_void()
 
 
 def _llvm_name(name: str) -> str:

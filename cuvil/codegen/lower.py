@@ -2,8 +2,10 @@
 
 A group is a set of graph ops lowered into ONE kernel: an elementwise chain with broadcasting,
 views/slices/permutes folded into load indexing, reductions with their prologue and epilogue
-(softmax, layer_norm, ...), window ops (pooling, direct convolution), or one GEMM-based op
-(matmul, linear, conv via im2col) with an elementwise epilogue.
+(softmax, layer_norm, ..., and written-out ones: `x * rsqrt(mean(x*x) + eps)`, several reductions
+over the same axes), window ops (pooling, direct convolution), or one GEMM-based op (matmul,
+linear, conv via im2col) with an elementwise epilogue. `group_legality` says which groups these
+are; the fuse pass (cuvil/passes/fuse.py) chooses them.
 
 How a group becomes loops:
 
@@ -13,7 +15,8 @@ How a group becomes loops:
 - Every value is produced on demand at an index (`value(v, idx)`): a group input is a load, an
   elementwise op is its scalar emitter (`scalar_ops`) applied to its operands at the broadcast
   index, a view maps the index to its operand's index, a reduction is a `Reduce` statement
-  emitted once per outer iteration. A value used more than once at the same index becomes a `Let`.
+  emitted once per outer iteration (an epilogue reads its result as a scalar of that iteration).
+  A value used more than once at the same index becomes a `Let`.
 - GEMM-based ops (`library.py`) bring their own parallel loop; the group's epilogue runs inside
   it over the block of the output each iteration computed.
 """
@@ -29,7 +32,7 @@ import sympy
 from ..errors import CuvilUnsupportedOpError, CuvilVerifyError
 from ..ir.core import Function, Operation, Value
 from ..ir.ops.common import is_one
-from ..ir.types import DType, dims_equal, norm_dim
+from ..ir.types import DType, dim_str, dims_equal, norm_dim
 from . import scalar_ops
 from .index_math import Bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
@@ -66,58 +69,7 @@ def op_kind(op: Operation) -> str:
     return classify(op) or "unsupported"
 
 
-def group_elementwise_chains(fn: Function) -> list[list[Operation]]:
-    """Greedy grouping used until the fusion pass lands; groups come in program order.
-
-    A group grows backwards from a sink through producers whose results are used only inside the
-    group: elementwise ops, window ops, a reduction's prologue, and one GEMM-based op under an
-    elementwise epilogue of its shape; a producer joins only if `group_legality` accepts the
-    grown group. Views and inline constants (literal, full, arange) cost nothing to recompute,
-    so they join every group that reads them; they are a group of their own only when something
-    needs them in memory (a return, a GEMM operand, a gather's table)."""
-    ops = [op for op in fn.ops if op.name not in SKIP_OPS]
-    member: dict[int, int] = {}
-    groups: list[list[Operation]] = []
-    for sink in reversed(ops):
-        kind = op_kind(sink)
-        if id(sink) in member or (kind in REMATERIALIZED and not needs_memory(sink)):
-            continue
-        group, ids = [sink], {id(sink)}
-        member[id(sink)] = len(groups)
-        frontier = fusible_operands(sink)
-        while frontier:
-            p = frontier.pop().owner
-            if isinstance(p, Function) or id(p) in ids or p.name in SKIP_OPS:
-                continue
-            pkind = op_kind(p)
-            if pkind in REMATERIALIZED:
-                absorb = True
-            elif id(p) in member:
-                absorb = False
-            else:
-                absorb = _used_only_in(p, ids, sink) and pkind in ("elementwise", "window", "gather", "library")
-            if not absorb or group_legality(fn, group + [p]) is not None:
-                continue
-            group.append(p)
-            ids.add(id(p))
-            if pkind not in REMATERIALIZED:
-                member[id(p)] = len(groups)
-            frontier.extend(fusible_operands(p))
-        groups.append(group)
-    order = {id(op): i for i, op in enumerate(fn.ops)}
-    out = [sorted(g, key=lambda op: order[id(op)]) for g in groups]
-    out.sort(key=lambda g: order[id(g[-1])])
-    return out
-
-
 REMATERIALIZED = frozenset({"inline", "view"})
-
-
-def _used_only_in(op: Operation, ids: set[int], sink: Operation) -> bool:
-    """Every use of op's results is in the group, also through views the group recomputes (a view
-    in the group may be recomputed in other groups too, which would then need op in memory)."""
-    return all(id(u) in ids and (u is sink or op_kind(u) not in REMATERIALIZED or _used_only_in(u, ids, sink))
-               for r in op.results for u in r.uses)
 
 
 def needs_memory(op: Operation) -> bool:
@@ -146,53 +98,142 @@ def group_outputs(fn: Function, ops: list[Operation]) -> list[Value]:
             if id(r) in returned or any(id(u) not in members for u in r.uses)]
 
 
-def group_legality(fn: Function, ops: list[Operation]) -> str | None:
-    """None when `lower_group` computes the group correctly, else the reason it cannot.
+@dataclass(frozen=True)
+class Refusal:
+    """Why ops cannot share one kernel: a rule id (kebab-case, docs/passes.md#fuse) and one sentence."""
+    rule: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def shape_text(shape) -> str:
+    """`s0x128` (`scalar` for rank 0): how fusion decisions print shapes."""
+    return "x".join(dim_str(d) for d in shape) or "scalar"
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(map(dims_equal, a, b))
+
+
+def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
+    """None when `lower_group` computes the group correctly, else the rule it breaks and why.
 
     Values read from memory must come from outside the group (and not be an inline constant, which
     has no buffer). A GEMM-based op's epilogue runs inside the GEMM's parallel loop over the block
     of the product each iteration computed, so everything that reads the product in the group must
     read it at that same index: only elementwise ops of the product's shape, and every output of
     the group must have that shape too. A window op or a view of the product would read elements
-    another iteration computes."""
+    another iteration computes. Reductions: see `_reduction_legality`."""
     members = {id(op) for op in ops}
     for op in ops:
+        if op_kind(op) == "unsupported":
+            return Refusal("lowering", f"{op.name} has no native lowering")
         fusible = fusible_operands(op)
         for v in op.operands:
             if any(v is f for f in fusible) or isinstance(v.owner, Function):
                 continue
             if id(v.owner) in members or v.owner.name in INLINE_OPS:
                 what = "its table" if op_kind(op) == "gather" else "its operands"
-                return (f"{op.name} reads {what} from memory, but {v.owner.name} is computed in the group "
-                        f"(it needs a kernel of its own)")
+                return Refusal("memory-operand", f"{op.name} reads {what} from memory, but {v.owner.name} is "
+                                                 f"computed in the group (it needs a kernel of its own)")
     roots = [op for op in ops if op_kind(op) == "library"]
     if not roots:
-        return None
+        return _reduction_legality(fn, ops, members)
     root = roots[0]
     if len(roots) > 1:
-        return f"two GEMM-based ops ({root.name}, {roots[1].name}) cannot share one kernel"
+        return Refusal("two-gemms", f"two GEMM-based ops ({root.name}, {roots[1].name}) cannot share one kernel")
     reduction = next((op for op in ops if op_kind(op) == "reduction"), None)
     if reduction is not None:
-        return f"{root.name} can only be fused with an elementwise epilogue, not with {reduction.name}"
+        return Refusal("gemm-epilogue", f"{root.name} can only be fused with an elementwise epilogue, "
+                                        f"not with {reduction.name}")
     shape = root.result.type.shape
-
-    def same_shape(v: Value) -> bool:
-        return v.type.rank == len(shape) and all(map(dims_equal, v.type.shape, shape))
     stack, seen = [root.result], set()
     while stack:
         v = stack.pop()
         for u in v.uses:
             if id(u) not in members or id(u) in seen:
                 continue
-            if op_kind(u) != "elementwise" or not same_shape(u.results[0]):
-                return (f"{u.name} reads the result of {root.name} in its epilogue, which sees only the "
-                        f"block of the product one parallel iteration computed; only elementwise ops of "
-                        f"its shape can")
+            if op_kind(u) != "elementwise" or not _same_shape(u.results[0].type.shape, shape):
+                return Refusal("gemm-epilogue", f"{u.name} reads the result of {root.name} in its epilogue, which "
+                                                f"sees only the block of the product one parallel iteration "
+                                                f"computed; only elementwise ops of its shape can")
             seen.add(id(u))
             stack.extend(u.results)
-    other = next((v for v in group_outputs(fn, ops) if not same_shape(v)), None)
+    other = next((v for v in group_outputs(fn, ops) if not _same_shape(v.type.shape, shape)), None)
     if other is not None:
-        return f"an output of type {other.type} differs from the shape of {root.name}'s epilogue {list(shape)}"
+        return Refusal("shape", f"shape {shape_text(other.type.shape)} vs {shape_text(shape)}: an output of "
+                                f"{other.owner.name} differs from the shape of {root.name}'s epilogue")
+    return None
+
+
+def _reduction_legality(fn: Function, ops: list[Operation], members: set[int]) -> Refusal | None:
+    """A group with reductions is one loop nest over the reductions' outer (kept) axes: per outer
+    index it folds each reduction (in program order, so one may read another), then stores the
+    outputs of the reduced shape and, in an inner loop over the reduced axes, those of the full
+    shape. So all reductions iterate the same space, every output has the full, the kept (keepdim)
+    or the reduced shape, and every read of a reduction's result inside the group must be at the
+    current outer index: through elementwise ops (broadcasting) and index-remapping views only.
+    Anything else would need the reduction at another outer index, i.e. recomputing it."""
+    reductions = [op for op in ops if op_kind(op) == "reduction"]
+    if not reductions:
+        return None
+    first = reductions[0]
+    full, axes = reduction_space(first)
+    for r in reductions[1:]:
+        f2, a2 = reduction_space(r)
+        if not _same_shape(f2, full):
+            return Refusal("shape", f"shape {shape_text(f2)} vs {shape_text(full)}: {r.name} and {first.name} reduce "
+                                    f"tensors of different shapes (one kernel folds over one index space)")
+        if a2 != axes:
+            return Refusal("shape", f"axes {a2} vs {axes}: {r.name} and {first.name} reduce different axes of "
+                                    f"{shape_text(full)} (one kernel folds over one index space)")
+    outer = [k for k in range(len(full)) if k not in axes]
+    kept = [1 if k in axes else full[k] for k in range(len(full))]
+    reduced = [full[k] for k in outer]
+    outputs = group_outputs(fn, ops)
+    for v in outputs:
+        if not any(_same_shape(v.type.shape, s) for s in (full, kept, reduced)):
+            return Refusal("shape", f"shape {shape_text(v.type.shape)} vs {shape_text(full)}: an output of "
+                                    f"{v.owner.name} is neither the reductions' input shape nor their result "
+                                    f"shape {shape_text(reduced)}")
+    i = [sympy.Symbol(f"_fuse_i{k}", integer=True, nonnegative=True) for k in range(len(full))]
+    stack = []
+    for v in outputs:
+        if _same_shape(v.type.shape, full):
+            stack.append((v, list(i)))
+        elif len(v.type.shape) == len(full):
+            stack.append((v, [0 if k in axes else i[k] for k in range(len(full))]))
+        else:
+            stack.append((v, [i[k] for k in outer]))
+    seen = set()
+    while stack:
+        v, idx = stack.pop()
+        op = v.owner
+        if isinstance(op, Function) or id(op) not in members:
+            continue
+        key = (id(v), None if idx is None else tuple(map(sympy.sympify, idx)))
+        if key in seen:
+            continue
+        seen.add(key)
+        kind = op_kind(op)
+        if kind == "reduction":
+            at = [sympy.sympify(e) for e in idx] if idx is not None else None
+            want = [i[k] for k in outer]
+            got = None if at is None else ([at[k] for k in outer] if len(at) == len(full) else at)
+            if got != want:
+                return Refusal("reduction-recompute", f"would recompute a reduction: {op.name} is read at an index "
+                                                      f"other than the outer index of the kernel's loop")
+            stack.append((op.operands[0], list(i)))
+            stack.extend((o, None) for o in op.operands[1:])
+        elif idx is not None and kind == "elementwise" and op.name != "cuvil.batch_norm":
+            shape = op.results[0].type.shape
+            stack.extend((o, broadcast_index(idx, shape, o.type.shape)) for o in op.operands)
+        elif idx is not None and VIEWS.get(op.name) is not None:
+            stack.append((op.operands[0], VIEWS[op.name](op, idx, v)[0]))
+        else:
+            stack.extend((o, None) for o in op.operands)
     return None
 
 
@@ -782,8 +823,10 @@ def _softmax(lw, op, axes, full, full_index):
     dtype = compute_dtype(op.results[0].type.dtype)
     m = _fold(lw, "max", op.operands[0], axes, full, full_index, dtype)
     out = lw.outputs.get(id(op.result))
-    if op.name == "cuvil.softmax" and out is not None and out[1].dtype == DType.f32:
-        # the sum pass keeps exp(x - max) in the output; the store pass only scales it
+    read_in_group = any(id(u) in lw.members for u in op.result.uses)
+    if op.name == "cuvil.softmax" and out is not None and out[1].dtype == DType.f32 and not read_in_group:
+        # the sum pass keeps exp(x - max) in the output; the store pass only scales it (not when an
+        # epilogue in the group reads the softmax too: it could read the output already scaled)
         def exp_kept(vars):
             e = lw.let(call("exp", call("sub", cast(lw.value(op.operands[0], full_index(vars)), dtype), m)), "e")
             lw.emit(Store(out[1], full_index(vars), e))
@@ -873,8 +916,8 @@ REDUCTION_EPILOGUES: dict[str, Callable] = {
 def lower_group(fn: Function, ops: list[Operation], name: str) -> LoweredKernel:
     """Lower one group of ops of `fn` to one kernel. Results used outside the group become output
     buffers, except those of views and inline constants that are not the group's last op: those
-    are recomputed wherever they are read (`group_elementwise_chains` gives them their own group
-    when they must be in memory)."""
+    are recomputed wherever they are read (the grouping gives them their own group when they must
+    be in memory)."""
     return GroupLowering(fn, ops, name).lower()
 
 
@@ -884,6 +927,9 @@ def kernel_name(fn: Function, i: int, ops: list[Operation]) -> str:
 
 
 def lower_function(fn: Function, groups: list[list[Operation]] | None = None) -> list[LoweredKernel]:
-    """Lower every group of `fn` (default: `group_elementwise_chains(fn)`) to a kernel, in order."""
-    groups = group_elementwise_chains(fn) if groups is None else groups
+    """Lower every group of `fn` (default: the groups the fuse pass would form, `fusion_groups(fn)`)
+    to a kernel, in order."""
+    if groups is None:
+        from ..passes.fuse import fusion_groups
+        groups = fusion_groups(fn)
     return [lower_group(fn, g, kernel_name(fn, i, g)) for i, g in enumerate(groups)]

@@ -302,6 +302,12 @@ def batch_norm(L: Lowering, x, weight, bias, mean, var_, momentum, eps):
     return out, missing, missing
 
 
+def inference_batch_norm(L: Lowering, x, weight, bias, mean, var_, training, momentum, eps, *_):
+    """aten.batch_norm as torch.export leaves it before decompositions (`export.needs_decomposition`
+    sends training mode through the decompositions)."""
+    return batch_norm(L, x, weight, bias, mean, var_, momentum, eps)[0]
+
+
 def linear(L: Lowering, x, weight, bias=None):
     return L.op("cuvil.linear", x, weight, *_trailing(bias))
 
@@ -456,6 +462,10 @@ ATEN_TABLE = {
     aten.hardtanh.default: clamp,
     aten.leaky_relu.default: leaky_relu,
     aten._to_copy.default: to_copy,
+    aten.to.dtype: to_copy,
+    aten.to.device: to_copy,
+    aten.to.dtype_layout: to_copy,
+    aten.dropout.default: identity,     # inference only: `export.needs_decomposition`
     # elementwise, binary
     aten.add.Tensor: scaled("cuvil.add"),
     aten.add.Scalar: scaled("cuvil.add"),
@@ -490,6 +500,7 @@ ATEN_TABLE = {
     aten.logical_and.default: binary("cuvil.logical_and"),
     aten.logical_or.default: binary("cuvil.logical_or"),
     aten.bitwise_and.Tensor: logical_or_bitwise("cuvil.logical_and", "cuvil.bitwise_and"),
+    aten.__and__.Tensor: logical_or_bitwise("cuvil.logical_and", "cuvil.bitwise_and"),
     aten.bitwise_or.Tensor: logical_or_bitwise("cuvil.logical_or", "cuvil.bitwise_or"),
     aten.where.self: where,
     aten.masked_fill.Scalar: masked_fill,
@@ -516,6 +527,7 @@ ATEN_TABLE = {
     aten.native_layer_norm.default: native_layer_norm,
     aten.rms_norm.default: rms_norm,
     aten._native_batch_norm_legit_no_training.default: batch_norm,
+    aten.batch_norm.default: inference_batch_norm,
     # linear algebra, convolution, pooling, attention
     aten.linear.default: linear,
     aten.matmul.default: matmul,
@@ -535,6 +547,7 @@ ATEN_TABLE = {
     aten.view.default: reshape,
     aten._unsafe_view.default: reshape,
     aten.reshape.default: reshape,
+    aten.flatten.using_ints: reshape,
     aten.expand.default: expand,
     aten.permute.default: permute,
     aten.transpose.int: transpose,

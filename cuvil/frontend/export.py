@@ -19,7 +19,7 @@ from torch.export import Dim
 
 from ..errors import CuvilError
 from .annotations import check_example, examples_from_annotations, function_annotations
-from .aten_table import decomposition_table
+from .aten_table import ATEN_TABLE, decomposition_table
 from .locations import exception_frame, record_user_frames
 
 DEFAULT_RANGE = (1, 4096)
@@ -82,13 +82,41 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     try:
         with torch.no_grad():
             ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes if specs else None)
-            ep = ep.run_decompositions(decomposition_table())
+            if needs_decomposition(ep):
+                ep = ep.run_decompositions(decomposition_table())
     except CuvilError:
         raise
     except Exception as e:   # torch raises many kinds; all mean "could not capture"
         frame = exception_frame(e)
         raise CuvilExportError(summarise(e), str(frame) if frame else None) from None
     return Captured(ep, hints)
+
+
+def needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
+    """Whether the exported graph has ops Cuvil does not import directly (or any mutation, or an
+    op in training mode), so that `run_decompositions` must rewrite it first. Skipping it when it
+    is not needed saves seconds: it traces the whole model again."""
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target not in ATEN_TABLE or (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable):
+            return True
+        if target in _INFERENCE_ONLY and not _INFERENCE_ONLY[target](node):
+            return True
+    return False
+
+
+def _rank(node) -> int:
+    val = node.meta.get("val")
+    return val.dim() if isinstance(val, torch.Tensor) else -1
+
+
+# ops torch.export keeps whole before decompositions, which Cuvil imports in inference mode only
+_INFERENCE_ONLY = {
+    torch.ops.aten.batch_norm.default: lambda n: not n.args[5] and _rank(n.args[0]) >= 2,
+    torch.ops.aten.dropout.default: lambda n: not n.args[2],
+}
 
 
 def input_names(fn, count: int) -> list[str]:

@@ -52,6 +52,19 @@ class Attr:
         assert self.kind in ATTR_KINDS, self.kind
 
 
+def is_discardable(key: str) -> bool:
+    """MLIR-style discardable attribute: a dotted name (`fuse.group`, `schedule.max_latency_us`) that
+    any op may carry without declaring it. Passes annotate ops with them; op semantics ignore them."""
+    return "." in key
+
+
+def semantic_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """`attrs` without the discardable ones: what infer/evaluate/verify of the op see."""
+    if not any("." in k for k in attrs):
+        return attrs
+    return {k: v for k, v in attrs.items() if "." not in k}
+
+
 def required(kind: str) -> Attr:
     return Attr(kind, required=True)
 
@@ -163,7 +176,8 @@ class Value:
 
 
 class Operation:
-    """One op instance. `attrs` always holds every declared attribute (defaults filled in)."""
+    """One op instance. `attrs` always holds every declared attribute (defaults filled in), plus any
+    discardable (dotted) attributes passes put on it (`is_discardable`)."""
     __slots__ = ("opdef", "operands", "results", "attrs", "loc", "id")
     _ids = itertools.count()
 
@@ -189,6 +203,11 @@ class Operation:
 
     def has_tag(self, tag: str) -> bool:
         return tag in self.opdef.tags
+
+    @property
+    def semantic_attrs(self) -> dict[str, Any]:
+        """The declared attributes only: what the op's infer/evaluate/verify see."""
+        return semantic_attrs(self.attrs)
 
     def drop_operands(self) -> None:
         for v in self.operands:
@@ -278,7 +297,7 @@ class Builder:
         attrs = opdef.full_attrs(attrs or {})
         if result_types is None:
             try:
-                result_types = opdef.infer([v.type for v in operands], attrs)
+                result_types = opdef.infer([v.type for v in operands], semantic_attrs(attrs))
             except ValueError as e:
                 raise CuvilVerifyError(f"{opdef.name}: {e}") from None
         op = Operation(opdef, operands, result_types, attrs, loc)

@@ -121,7 +121,7 @@ def substitute(d: Dim, bindings: dict[sympy.Symbol, int]) -> int:
 # ----------------------------------------------------------------------------- running ops
 
 def _concrete_attrs(op: Operation, bindings) -> dict[str, Any]:
-    attrs = dict(op.attrs)
+    attrs = dict(op.semantic_attrs)
     for key, attr in op.opdef.attrs.items():
         if attr.kind == "dims":
             attrs[key] = [substitute(d, bindings) for d in attrs[key]]

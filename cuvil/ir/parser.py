@@ -15,7 +15,7 @@ from typing import Any
 import sympy
 
 from ..errors import CuvilParseError, CuvilVerifyError
-from .core import OP_REGISTRY, Function, Loc, Module, Operation, Value, lookup_op
+from .core import OP_REGISTRY, Function, Loc, Module, Operation, Value, is_discardable, lookup_op
 from .lexer import DTYPE_NAMES, KEYWORDS, SYMBOL_NAME, VALUE_HINT, Lexer, Source, Token
 from .printer import NAME_ATTR, RETURN_OP, attr_value_str
 from .types import DType, TensorType, expr_str, floordiv, norm_dim, sym
@@ -338,7 +338,7 @@ class _Parser:
         while True:
             key = self.expect_kind("ident", "an attribute name")
             decl = opdef.attrs.get(key.text)
-            if decl is None:
+            if decl is None and not is_discardable(key.text):
                 known = ", ".join(opdef.attrs) or "it has none"
                 raise self.error(f"unknown attribute '{key.text}' for {opdef.name} (known: {known})", key)
             if key.text in attrs:
@@ -347,7 +347,7 @@ class _Parser:
             self.expect("=", "after the attribute name")
             value_tok = self.tok
             value = self.parse_attr_value(0)
-            if not attr_kind_ok(decl, value):
+            if decl is not None and not attr_kind_ok(decl, value):
                 shown = attr_value_str(value)
                 shown = shown if len(shown) <= 40 else shown[:37] + "..."
                 raise self.error(f"attribute '{key.text}' of {opdef.name} must be {_kind_text(decl)}, got {shown}",

@@ -9,7 +9,8 @@ from collections import Counter
 import sympy
 
 from ..errors import CuvilVerifyError
-from .core import Attr, Function, Module, Operation, lookup_op
+from .core import Attr, Function, Module, Operation, is_discardable, lookup_op
+from .printer import attr_value_str
 from .types import DType, TensorType, dims_equal, symbols_of
 
 
@@ -113,8 +114,13 @@ def attr_kind_ok(attr: Attr, value) -> bool:
 
 def _check_attrs(op: Operation) -> None:
     declared = op.opdef.attrs
-    for key in op.attrs:
-        if key not in declared:
+    for key, value in op.attrs.items():
+        if is_discardable(key):
+            try:
+                attr_value_str(value)
+            except TypeError as e:
+                raise CuvilVerifyError(f"discardable attribute '{key}': {e}", op) from None
+        elif key not in declared:
             known = ", ".join(declared) or "none"
             raise CuvilVerifyError(f"unknown attribute '{key}' (known: {known})", op)
     for key, attr in declared.items():
@@ -159,7 +165,7 @@ def _check_op(op: Operation, fn: Function, module: Module, declared: set[str]) -
         _check_symbols(r.type, declared, fn, op, f"result {i}")
     if not opdef.explicit_result_types:
         try:
-            inferred = opdef.infer([v.type for v in op.operands], op.attrs)
+            inferred = opdef.infer([v.type for v in op.operands], op.semantic_attrs)
         except ValueError as e:
             raise CuvilVerifyError(f"{op.name}: {e}", op) from None
         actual = [r.type for r in op.results]

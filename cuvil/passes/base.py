@@ -29,6 +29,7 @@ class ModulePass:
     - fields: the options, written `{max-ops=16}` in a pipeline for a field `max_ops: int = 16`.
     """
     name: ClassVar[str] = ""
+    stage: ClassVar[str] = "graph"
     priority: ClassVar[int] = 100
     requires: ClassVar[frozenset[str]] = frozenset()
     provides: ClassVar[frozenset[str]] = frozenset()
@@ -77,6 +78,20 @@ class ModulePass:
         return doc.splitlines()[0] if doc else ""
 
 
+@dataclass(frozen=True)
+class ProgramPass(ModulePass):
+    """A pass over the native program, after lowering: it edits a `ProgramDraft` (cuvil/program.py)
+    — the kernels in run order, their priorities, the memory plan — in `run_program`. Program passes
+    come after every graph pass in a pipeline; the compiler runs them (`PassManager.run_program`)."""
+    stage: ClassVar[str] = "program"
+
+    def run(self, module: Module) -> PassResult:
+        raise NotImplementedError(f"pass '{self.name}' runs on the program after lowering, not on graph IR")
+
+    def run_program(self, draft: Any) -> PassResult:
+        raise NotImplementedError(f"pass '{self.name}' does not implement run_program()")
+
+
 def _is_default(f: dataclasses.Field, value: Any) -> bool:
     if f.default is not dataclasses.MISSING:
         return value == f.default
@@ -116,6 +131,7 @@ class PassRecord:
     ir_before: str | None = None        # filled by the IRSnapshot instrument
     ir_after: str | None = None
     checks: dict[str, Any] = field(default_factory=dict)   # instrument results, e.g. numeric error
+    stage: str = "graph"                # "program": ir_before/ir_after are the program's text
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +145,7 @@ class PassRecord:
             "ir_before": self.ir_before,
             "ir_after": self.ir_after,
             "checks": {k: _jsonable(v) for k, v in self.checks.items()},
+            "stage": self.stage,
         }
 
 

@@ -56,7 +56,7 @@ def fold_constant(op: Operation, rw: Rewriter) -> bool:
     if any(d is None for d in data):
         return False
     try:
-        out = op.opdef.evaluate(op.attrs, *data)
+        out = op.opdef.evaluate(op.semantic_attrs, *data)
     except NotImplementedError:
         return False
     outs = list(out) if isinstance(out, (tuple, list)) else [out]

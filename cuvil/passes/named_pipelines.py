@@ -1,6 +1,14 @@
-"""The named pipelines. Other parts of Cuvil re-register O1/O2 with their passes added
-(`register_pipeline("O1", ..., replace=True)`)."""
+"""The named pipelines, one per optimisation level. A pipeline string can name them
+(`O1,my-pass`), and `cuvil.compile(..., disable_passes=[...])` switches any of their passes off.
+
+- O0: checks only; every op gets a kernel of its own.
+- O1: graph clean-up (canonicalize, cse, dce) and fusion.
+- O2: O1 plus compile-time folding of weights (batch norm into convolutions, weight-only
+  subgraphs), then the program passes: latency-aware schedule and arena planning. The default.
+"""
 from .registry import register_pipeline
 
 register_pipeline("O0", "verify,shape-infer")
-register_pipeline("O1", "verify,shape-infer,canonicalize,cse,dce")
+register_pipeline("O1", "verify,shape-infer,canonicalize,cse,dce,fuse")
+register_pipeline("O2", "verify,shape-infer,fold-constants,fold-batchnorm,canonicalize{fold-constants=false},cse,dce,"
+                        "fuse,schedule,plan-memory")

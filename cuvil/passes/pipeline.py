@@ -71,6 +71,14 @@ class Pipeline:
     def __add__(self, other: "Pipeline | str") -> "Pipeline":
         return Pipeline(self.passes + Pipeline.of(other).passes)
 
+    def without(self, names: Iterable[str]) -> "Pipeline":
+        """A copy with every pass named in `names` left out (switching passes off by name)."""
+        names = set(names)
+        unknown = sorted(n for n in names if get_pass(n) is None)
+        if unknown:
+            raise CuvilPipelineError(f"cannot switch off unknown pass '{unknown[0]}'{suggest(unknown[0])}")
+        return Pipeline(tuple(p for p in self.passes if p.name not in names))
+
     def insert_by_priority(self, p: ModulePass) -> "Pipeline":
         """A copy with `p` placed after the last pass whose priority is <= its own."""
         at = 0
@@ -255,7 +263,7 @@ def convert_option(raw: str | None, annotation: Any, quoted: bool = False) -> An
     if raw is None:
         if annotation is bool:
             return True
-        raise ValueError(f"needs a value ({_type_name(annotation)})")
+        raise ValueError(f"needs a value ({type_name(annotation)})")
     if origin in (tuple, list):
         elem = args[0] if args else str
         parts = [raw] if quoted else raw.split(",")
@@ -288,9 +296,12 @@ def convert_option(raw: str | None, annotation: Any, quoted: bool = False) -> An
     raise ValueError(f"options of type {annotation!r} cannot be set from a pipeline string")
 
 
-def _type_name(annotation: Any) -> str:
+def type_name(annotation: Any) -> str:
+    """An option type as text: `int`, `best-fit|naive` (a Literal), `a comma-separated list of str`."""
     origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "|".join(map(str, typing.get_args(annotation)))
     if origin in (tuple, list):
         args = typing.get_args(annotation)
-        return f"a comma-separated list of {_type_name(args[0]) if args else 'str'}"
+        return f"a comma-separated list of {type_name(args[0]) if args else 'str'}"
     return getattr(annotation, "__name__", str(annotation))

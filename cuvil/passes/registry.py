@@ -22,6 +22,11 @@ BUILTIN_PASSES: dict[str, str] = {
     "canonicalize": "cuvil.passes.canonicalize",
     "cse": "cuvil.passes.cse",
     "dce": "cuvil.passes.dce",
+    "fold-batchnorm": "cuvil.passes.fold_batchnorm",
+    "fold-constants": "cuvil.passes.fold_constants",
+    "fuse": "cuvil.passes.fuse",
+    "schedule": "cuvil.passes.schedule",
+    "plan-memory": "cuvil.passes.plan_memory",
 }
 
 _PASSES: dict[str, type[ModulePass]] = {}

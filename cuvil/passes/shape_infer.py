@@ -38,7 +38,7 @@ def _has_explicit_types(op: Operation) -> bool:
 def _infer(op: Operation) -> list[TensorType] | None:
     """The inferred result types, or None for a user op that declares no inference."""
     try:
-        types = op.opdef.infer([v.type for v in op.operands], op.attrs)
+        types = op.opdef.infer([v.type for v in op.operands], op.semantic_attrs)
     except NotImplementedError:
         return None
     except ValueError as e:

@@ -16,11 +16,14 @@ import sys
 import traceback
 from typing import TextIO
 
+from ..compiler import compile_module
 from ..errors import CuvilError, CuvilParseError, CuvilPipelineError
 from ..explain import explain
 from ..ir import parse, print_module
+from ..ir.interpreter import random_constants
 from ..passes import PassManager, PassTiming, PrintIR, VerifyEach, all_passes, all_pipelines, parse_pipeline
 from ..passes.base import format_option_value, option_name
+from ..passes.pipeline import type_name
 
 SPLIT_MARKER = re.compile(r"^// -----\s*$", re.MULTILINE)
 OUTPUT_SEPARATOR = "// -----\n"
@@ -41,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print errors to stdout in place of the result and exit 0 (for negative tests)")
     ap.add_argument("--split-input-file", action="store_true",
                     help="treat each '// -----' separated chunk as its own input")
+    ap.add_argument("--random-constants", action="store_true",
+                    help="give every constant deterministic random data before the pipeline runs (parsed IR has "
+                         "only the constants' names; passes such as fold-constants need their data)")
+    ap.add_argument("--emit", choices=("ir", "program"), default="ir",
+                    help="what to print: the graph IR after the pipeline (default), or the native program after "
+                         "its program passes (schedule, plan-memory); 'program' compiles the IR natively, so its "
+                         "constants need data (--random-constants)")
     ap.add_argument("--report", metavar="OUT.html",
                     help="also write the explorer's report (every pass, IR before/after) as one HTML file")
     ap.add_argument("--list-passes", action="store_true", help="list the passes and named pipelines, then exit")
@@ -92,6 +102,12 @@ def _process(chunk: str, first_line: int, filename: str, pipeline, args, out: Te
         # Leading newlines keep the parser's line numbers those of the whole file. `parse` also
         # verifies, reporting verifier errors at the op's line:column.
         module = parse("\n" * (first_line - 1) + chunk, filename)
+        if args.random_constants:
+            module.constants.update(random_constants(module))
+        if args.emit == "program":
+            native = compile_module(module, pipeline=pipeline, instruments=_instruments(args), cache=None).native
+            out.write(native.draft.text())
+            return 0
         if args.report:
             explain(module, pipeline=pipeline, instruments=_instruments(args), name=filename).save_html(args.report)
         else:
@@ -160,11 +176,12 @@ def _chunks(text: str, split: bool) -> list[tuple[int, str]]:
 def list_passes() -> str:
     lines = ["Passes:"]
     for name, cls in all_passes().items():
-        lines.append(f"  {name}  {cls.summary()}")
+        stage = "  [program stage]" if cls.stage == "program" else ""
+        lines.append(f"  {name}  {cls.summary()}{stage}")
         for f in cls.option_fields():
             hint = cls.option_types()[f.name]
             default = "" if f.default is dataclasses.MISSING else f" = {format_option_value(f.default)}"
-            lines.append(f"      {option_name(f.name)}: {getattr(hint, '__name__', hint)}{default}")
+            lines.append(f"      {option_name(f.name)}: {type_name(hint)}{default}")
     lines.append("Named pipelines:")
     for name, text in all_pipelines().items():
         lines.append(f"  {name} = {text}")

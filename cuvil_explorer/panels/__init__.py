@@ -32,6 +32,7 @@ from ..run import CellRun
 BUILTIN_PANELS: dict[str, str] = {
     "pipeline": "cuvil_explorer.panels.pipeline",
     "graph": "cuvil_explorer.panels.graph",
+    "fusion": "cuvil_explorer.panels.fusion",
     "summary": "cuvil_explorer.panels.summary",
     "code": "cuvil_explorer.panels.code",
     "memory": "cuvil_explorer.panels.memory",

@@ -36,7 +36,8 @@ class GraphPanel(Panel):
             return
         stages = self.run.stages
         if k not in self.run.svgs:
-            clusters = fusion_clusters(self.run.report) if k == len(stages) - 1 else []
+            # fusion groups name values of the output IR: box them on the stages that show it
+            clusters = fusion_clusters(self.run.report) if stages[k].functions is stages[-1].functions else []
             self.run.svgs[k] = graph_svg(stages[k], clusters)
         svg = self.run.svgs[k]
         self.notes.value = graph_notes_html(stages[k])

@@ -1,4 +1,4 @@
-"""The default grouping forms only groups the lowering computes correctly (`group_legality`), and
+"""The fuse pass forms only groups the lowering computes correctly (`group_legality`), and
 `lower_group` refuses the others instead of miscompiling them: a GEMM whose product a window op
 reads (its epilogue sees one tile of the product), and a gather whose table is computed in the
 group (the table is read at a data-dependent index)."""
@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cuvil.codegen.lower import can_group, group_elementwise_chains, group_legality, lower_group
+from cuvil.codegen.lower import can_group, group_legality, lower_group
 from cuvil.errors import CuvilVerifyError
 from cuvil.ir import DType
+from cuvil.passes.fuse import fusion_groups
 
 from codegen_helpers import Graph, T, compile_graphs, run
 
@@ -51,7 +52,7 @@ def _rand(*shape, seed=0):
 def test_gemm_feeding_depthwise_conv_gets_its_own_kernel(graphs):
     gs, compiled = graphs
     g = gs["dw"]
-    assert _names(g.fn, group_elementwise_chains(g.fn)) == [["linear"], ["conv2d", "relu"]]
+    assert _names(g.fn, fusion_groups(g.fn)) == [["linear"], ["conv2d", "relu"]]
     x, w, k = _rand(2, C, 5, 6), _rand(7, 6, seed=1), _rand(C, 1, 3, 3, seed=2)
     torch.testing.assert_close(run(g, compiled, x, w, k), torch.relu(F.conv2d(F.linear(x, w), k, padding=1, groups=C)))
 
@@ -59,7 +60,7 @@ def test_gemm_feeding_depthwise_conv_gets_its_own_kernel(graphs):
 def test_computed_table_gets_its_own_kernel(graphs):
     gs, compiled = graphs
     g = gs["table"]
-    assert _names(g.fn, group_elementwise_chains(g.fn)) == [
+    assert _names(g.fn, fusion_groups(g.fn)) == [
         ["literal", "mul"], ["embedding", "literal", "add"], ["permute"], ["index_select", "exp"]]
     w, ids, x, idx = _rand(10, 4), torch.tensor([[0, 9, 3], [2, 2, 7]]), _rand(6, 5, seed=1), torch.tensor([5, 0, 3, 3])
     emb, picked = run(g, compiled, w, ids, x, idx)
@@ -71,8 +72,9 @@ def test_legality_reasons(graphs):
     gs, _ = graphs
     dw = gs["dw"].fn
     whole = _ops(dw, "linear", "conv2d", "relu")
-    reason = group_legality(dw, whole)
-    assert reason is not None and reason.startswith("cuvil.conv2d reads the result of cuvil.linear in its epilogue")
+    refusal = group_legality(dw, whole)
+    assert refusal.rule == "gemm-epilogue"
+    assert refusal.reason.startswith("cuvil.conv2d reads the result of cuvil.linear in its epilogue")
     assert not can_group(dw, whole)
     assert can_group(dw, _ops(dw, "conv2d", "relu")) and can_group(dw, _ops(dw, "linear"))
     with pytest.raises(CuvilVerifyError, match="cannot be lowered as one kernel: cuvil.conv2d reads the result"):
@@ -80,18 +82,20 @@ def test_legality_reasons(graphs):
 
     table = gs["table"].fn
     fused = _ops(table, "literal", "mul", "embedding", "add")
-    assert group_legality(table, fused) == ("cuvil.embedding reads its table from memory, but cuvil.mul is computed "
-                                            "in the group (it needs a kernel of its own)")
+    refusal = group_legality(table, fused)
+    assert (refusal.rule, refusal.reason) == ("memory-operand", "cuvil.embedding reads its table from memory, but "
+                                              "cuvil.mul is computed in the group (it needs a kernel of its own)")
     with pytest.raises(CuvilVerifyError, match="cuvil.embedding reads its table from memory"):
         lower_group(table, fused, "bad")
-    assert "cuvil.index_select reads its table" in group_legality(table, _ops(table, "permute", "index_select", "exp"))
+    assert "cuvil.index_select reads its table" in str(group_legality(table, _ops(table, "permute", "index_select",
+                                                                                 "exp")))
 
 
 def test_gemm_epilogue_of_another_shape_is_refused():
     def build(b, x, w):
         return b("cuvil.permute", b("cuvil.linear", x, w), perm=[1, 0])     # square: same shape, other index
     g = Graph("gemm_then_permute", build, [T(4, 4), T(4, 4)])
-    assert _names(g.fn, group_elementwise_chains(g.fn)) == [["linear"], ["permute"]]
-    assert "cuvil.permute reads the result of cuvil.linear" in group_legality(g.fn, list(g.fn.ops[:-1]))
+    assert _names(g.fn, fusion_groups(g.fn)) == [["linear"], ["permute"]]
+    assert "cuvil.permute reads the result of cuvil.linear" in str(group_legality(g.fn, list(g.fn.ops[:-1])))
     x, w = _rand(4, 4), _rand(4, 4, seed=1)
     torch.testing.assert_close(run(g, compile_graphs([g]), x, w), F.linear(x, w).t())

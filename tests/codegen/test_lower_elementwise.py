@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from cuvil.codegen.kernel_ir import Cast, Load, loop_var
 from cuvil.codegen.kernel_text import print_kernel
-from cuvil.codegen.lower import group_elementwise_chains
+from cuvil.passes.fuse import fusion_groups
 from cuvil.ir import DType, sym
 
 from codegen_helpers import Graph, T, compile_graphs, run
@@ -199,7 +199,7 @@ def test_grouping_fuses_chains_and_splits_shared_values():
         lin = b("cuvil.gelu", b("cuvil.linear", e, w))      # GEMM with a gelu epilogue
         return [s, lin]
     g = Graph("grouping", build, [T("s0", 8), T(8), T(4, 8)])
-    names = [[op.name.split(".")[1] for op in grp] for grp in group_elementwise_chains(g.fn)]
+    names = [[op.name.split(".")[1] for op in grp] for grp in fusion_groups(g.fn)]
     assert names == [["add", "relu"], ["mul", "exp"], ["tanh", "sum"], ["linear", "gelu"]]
     x, y, w = rand(5, 8) / 3, rand(8, seed=1) / 3, rand(4, 8, seed=2) / 8
     s, lin = run(g, compile_graphs([g]), x, y, w)
@@ -214,7 +214,7 @@ def test_views_are_recomputed_in_each_consumer():
         t = b("cuvil.permute", q, perm=[1, 0])
         return [b("cuvil.relu", t), b("cuvil.exp", k), t]    # t is also returned: stored by its own kernel
     g = Graph("qkv", build, [T("s0", 8)])
-    names = [[op.name.split(".")[1] for op in grp] for grp in group_elementwise_chains(g.fn)]
+    names = [[op.name.split(".")[1] for op in grp] for grp in fusion_groups(g.fn)]
     assert names == [["split", "permute"], ["split", "permute", "relu"], ["split", "exp"]]
     assert [[b.role for b in k.buffers] for k in g.kernels] == [["in", "out"]] * 3
     x = rand(5, 8)

@@ -22,3 +22,30 @@ cuvil.func @g(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   cuvil.return %4 : tensor<4x8xf32>
 }
 """
+
+# A block with one of each kind of fusion: GEMM + bias + ReLU (an epilogue), a GEMM + residual add,
+# a layer norm, an RMS norm written out (pow, mean, add, rsqrt, mul, mul) and a softmax.
+FUSION_BLOCK = '''import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, d), nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        y = self.fc2(h) + x
+        z = self.norm(y)
+        r = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale
+        return torch.softmax(r, dim=-1)
+
+
+torch.manual_seed(0)
+block = Block().eval()
+x = torch.randn(8, 64)
+block(x)
+'''

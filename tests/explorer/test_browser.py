@@ -1,6 +1,6 @@
 """The explorer in a real JupyterLab, driven by Debian's Chromium through Playwright: run `%%cuvil`
-cells, step through the passes with the buttons, open every tab (code, memory and profile panels on
-the zoo's CNN and BERT-small), click in the flame chart, save and download the profiles, switch to
+cells, step through the passes with the buttons, open every tab (code, fusion, memory and profile panels
+on the zoo's CNN and BERT-small), select fusion groups and refusals, click in the flame chart, save and download the profiles, switch to
 the dark theme, and check the DOM. Screenshots go to tests/artifacts/explorer/ (not committed).
 
 Never `playwright install`: the browser is /usr/bin/chromium (the Makefile installs it)."""
@@ -55,7 +55,7 @@ def write_notebook(path: Path, cells: list[str]) -> None:
 
 
 def make_root(tmp_path: Path) -> tuple[Path, dict]:
-    write_notebook(tmp_path / "explore.ipynb", ["%load_ext cuvil_explorer", "%%cuvil\n" + FOLDABLE])
+    write_notebook(tmp_path / "explore.ipynb", ["%load_ext cuvil_explorer", "%%cuvil --passes O1\n" + FOLDABLE])
     write_notebook(tmp_path / "models.ipynb", [
         "%load_ext cuvil_explorer\nfrom cuvil import zoo\n" + "\n".join(f"{m} = zoo.get({m!r})" for m in MODELS)]
         + [f"%%cuvil --dynamic {m}.dynamic --ranges {m}.ranges\n{m}.model(*{m}.example_inputs)" for m in MODELS])
@@ -143,8 +143,8 @@ def test_explorer_in_jupyterlab(lab, page):
         run_all(page, lab, "explore.ipynb")
         out = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-tab"))
         expect(out).to_have_count(1, timeout=120_000)
-        position = out.locator(".widget-html-content").filter(has_text=" / 5")
-        expect(position).to_contain_text("1 / 5: verify")
+        position = out.locator(".widget-html-content").filter(has_text=" / 6")
+        expect(position).to_contain_text("1 / 6: verify")
         diff = out.locator(".cv-diffview")
         expect(diff.locator("table.cv-diff")).to_have_count(1)
         assert diff.locator("td.cv-add").count() == 0          # verify changes nothing
@@ -152,9 +152,9 @@ def test_explorer_in_jupyterlab(lab, page):
         # step to canonicalize with the buttons: the kernel re-renders the diff
         next_button = out.get_by_role("button", name="next ▶")
         next_button.click()
-        expect(position).to_contain_text("2 / 5: shape-infer")
+        expect(position).to_contain_text("2 / 6: shape-infer")
         next_button.click()
-        expect(position).to_contain_text("3 / 5: canonicalize")
+        expect(position).to_contain_text("3 / 6: canonicalize")
         expect(diff.locator("td.cv-del").filter(has_text="cuvil.mul")).to_have_count(1)
         added = diff.locator("td.cv-add")
         assert added.count() > 0
@@ -165,7 +165,7 @@ def test_explorer_in_jupyterlab(lab, page):
         search = out.get_by_placeholder("search the IR")
         search.fill("permute")
         search.press("Enter")
-        expect(out.locator(".widget-html-content").filter(has_text="in 3 of 5 passes")).to_have_count(1)
+        expect(out.locator(".widget-html-content").filter(has_text="in 3 of 6 passes")).to_have_count(1)
         expect(diff.locator("mark").first).to_be_attached()   # the diff re-renders after the label
         assert diff.locator("mark").count() >= 2
 
@@ -237,6 +237,37 @@ def check_memory_panel(page, out, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}-memory.png"))
 
 
+def check_fusion_panel(page, out, name: str) -> None:
+    out.get_by_role("tab", name="Fusion").click()
+    groups, refused = visible(out, ".widget-select select").all()
+    # a refusal marks its two ops in the IR (a round trip through the kernel)
+    assert refused.locator("option").count() > 0
+    refused.select_option(index=0)
+    expect(visible(out, ".cv-fuseir .cv-irline.cv-cand")).to_have_count(1)
+    expect(visible(out, ".cv-fuseir .cv-irline.cv-cons")).to_have_count(1)
+    expect(visible(out, "pre.cv-codeblock")).to_have_count(0)       # a refusal has no kernel
+    visible(out, ".cv-fusesum").evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.screenshot(path=str(SHOTS / f"{name}-fusion-refusal.png"))
+    # the last group of several ops: its kernel's code, and its values marked in the IR
+    labels = groups.locator("option").all_text_contents()
+    groups.select_option(index=max(i for i, t in enumerate(labels) if t.startswith("■")))
+    kernel = visible(out, 'tr:has(> th:text-is("kernel")) code').first
+    expect(kernel).to_be_visible()
+    expect(visible(out, "pre.cv-codeblock")).to_contain_text(f"kernel @{kernel.inner_text()}(")
+    assert visible(out, ".cv-fuseir .cv-irline.cv-hit").count() >= 2
+    visible(out, ".cv-fusesum").evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.screenshot(path=str(SHOTS / f"{name}-fusion.png"))
+    # the graph of the output IR boxes the groups, coloured by kernel
+    out.get_by_role("tab", name="Graph").click()
+    expect(visible(out, ".cv-graph svg g.node").first).to_be_visible(timeout=60_000)   # the first drawing
+    stage = visible(out, ".widget-dropdown select").first
+    stage.select_option(index=stage.locator("option").count() - 1)
+    expect(visible(out, ".cv-graph svg g.cluster").first).to_be_visible(timeout=60_000)
+    fused = sum(t.startswith("■") for t in labels)
+    assert visible(out, ".cv-graph svg g.cluster").count() == fused
+    page.screenshot(path=str(SHOTS / f"{name}-graph-fusion.png"))
+
+
 def check_profile_panel(page, out, name: str, root: Path) -> None:
     out.get_by_role("tab", name="Profile").click()
     svg = visible(out, "svg.cv-flamesvg")
@@ -290,6 +321,7 @@ def test_code_memory_and_profile_panels(lab, page):
             expect(visible(out, ".cv-summary")).to_contain_text("as fast as eager PyTorch")
             expect(visible(out, ".cv-summary")).to_contain_text("arena")
             check_code_panel(page, out, name)
+            check_fusion_panel(page, out, name)
             check_memory_panel(page, out, name)
             check_profile_panel(page, out, name, root)
         # the pass bisection on the CNN: O1 does not change its results
@@ -308,6 +340,11 @@ def test_code_memory_and_profile_panels(lab, page):
         bert.get_by_role("tab", name="Profile").click()
         visible(bert, ".cv-flame").scroll_into_view_if_needed()
         page.screenshot(path=str(SHOTS / "bert_small-profile-dark.png"))
+        bert.get_by_role("tab", name="Fusion").click()
+        ir = visible(bert, "pre.cv-fuseir")
+        ir.scroll_into_view_if_needed()
+        assert luminance(ir.evaluate("e => getComputedStyle(e).color")) > 0.6
+        page.screenshot(path=str(SHOTS / "bert_small-fusion-dark.png"))
     except Exception:
         page.screenshot(path=str(SHOTS / "models-failure.png"))
         raise
@@ -347,4 +384,22 @@ def test_static_report_works_without_a_kernel(page, tmp_path):
     page.get_by_role("button", name="Memory", exact=True).click()
     expect(page.locator("svg.cv-timeline g.cv-buf")).to_have_count(len(report.memory["buffers"]))
     page.screenshot(path=str(SHOTS / "cnn-static-memory.png"))
+    # Fusion tab: a refusal marks its two ops; the rule filter; a group links to its kernel's code
+    page.get_by_role("button", name="Fusion", exact=True).click()
+    refused = report.fusion["refused"]
+    page.locator('.cv-fuselist button[data-f="r0"]').click()
+    item = page.locator(".cv-fuseitem").filter(visible=True)
+    expect(item).to_have_attribute("data-f", "r0")
+    expect(item.locator(".cv-irline.cv-cand")).to_have_count(1)
+    page.locator("#cv-fuse-rule").select_option(refused[0]["rule"])
+    shown = page.locator(".cv-fuselist button[data-rule]").filter(visible=True)
+    expect(shown).to_have_count(sum(r["rule"] == refused[0]["rule"] for r in refused))
+    (last,) = [i for i, g in enumerate(report.fusion["groups"]) if g["kind"] != "single"][-1:]
+    page.locator(f'.cv-fuselist button[data-f="g{last}"]').click()
+    expect(page.locator(".cv-fuseitem").filter(visible=True).locator(".cv-irline.cv-hit")).to_have_count(
+        len(report.fusion["groups"][last]["values"]))
+    page.screenshot(path=str(SHOTS / "cnn-static-fusion.png"))
+    page.locator(".cv-fuseitem").filter(visible=True).locator(".cv-tokernel").click()
+    expect(page.locator(".cv-kern").filter(visible=True)).to_have_attribute(
+        "data-k", report.fusion["groups"][last]["kernel"])
     assert errors == []

@@ -19,8 +19,8 @@ O1 = [p.spec() for p in cuvil.Pipeline.parse("O1")]
 
 @pytest.fixture(scope="module")
 def foldable(cuvil_cell):
-    """One compilation of FOLDABLE, shared by the tests that only look at it."""
-    return cuvil_cell("", FOLDABLE)
+    """One compilation of FOLDABLE through O1, shared by the tests that only look at it."""
+    return cuvil_cell("--passes O1", FOLDABLE)
 
 
 def test_bound_names_and_result_against_eager(foldable):
@@ -41,16 +41,17 @@ def test_explorer_widget_tree(foldable):
     ex = foldable.explorer
     (shown,) = foldable.shown
     assert shown is ex.widget
-    assert ex.tab.titles == ("Pipeline", "Graph", "Code", "Profile", "Summary")   # one kernel, no arena: no Memory tab
+    # one fused kernel, no arena: no Memory tab
+    assert ex.tab.titles == ("Pipeline", "Graph", "Fusion", "Code", "Profile", "Summary")
     pipe = ex.panels["pipeline"]
     assert [label.split()[2] for label, _ in pipe.list.options] == O1
     marks = [label.split()[1] for label, _ in pipe.list.options]
     assert marks == ["●" if p["changed"] else "○" for p in ex.run.report.passes]
-    assert marks == ["○", "○", "●", "●", "○"]   # canonicalize and cse change FOLDABLE, the rest do not
+    assert marks == ["○", "○", "●", "●", "○", "●"]   # canonicalize, cse and fuse change FOLDABLE, the rest do not
 
 
 def test_stepping_with_buttons_slider_and_list(cuvil_cell):
-    ex = cuvil_cell("--force", FOLDABLE).explorer
+    ex = cuvil_cell("--force --passes O1", FOLDABLE).explorer
     pipe = ex.panels["pipeline"]
     assert pipe.current == 0 and ex.state.stage == 1 and pipe.slider.value == 1
     assert "cv-add" not in pipe.diff.value            # verify changes nothing
@@ -71,19 +72,21 @@ def test_stepping_with_buttons_slider_and_list(cuvil_cell):
 
 
 def test_hide_unchanged_and_search(cuvil_cell):
-    ex = cuvil_cell("--force", FOLDABLE).explorer
+    ex = cuvil_cell("--force --passes O1", FOLDABLE).explorer
     pipe = ex.panels["pipeline"]
     pipe.hide.value = True
-    assert [i for _, i in pipe.list.options] == [2, 3] and pipe.current == 2 and pipe.slider.max == 2
+    assert [i for _, i in pipe.list.options] == [2, 3, 5] and pipe.current == 2 and pipe.slider.max == 3
     pipe.next.click()
     assert pipe.current == 3
+    pipe.next.click()
+    assert pipe.current == 5
     pipe.next.click()                                 # the last visible pass
-    assert pipe.current == 3
+    assert pipe.current == 5
     pipe.hide.value = False
     pipe.select(4)
     pipe.search.value = "PERMUTE"                     # only before canonicalize removed them
     assert pipe.matches() == [0, 1, 2] and pipe.current == 0
-    assert "in 3 of 5 passes" in pipe.found.value and "<mark>permute</mark>" in pipe.diff.value
+    assert "in 3 of 6 passes" in pipe.found.value and "<mark>permute</mark>" in pipe.diff.value
     pipe.find_next.click()
     pipe.find_next.click()
     assert pipe.current == 2
@@ -97,7 +100,7 @@ def test_hide_unchanged_and_search(cuvil_cell):
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
 def test_graph_panel_draws_lazily_and_follows_the_pipeline(cuvil_cell):
-    ex = cuvil_cell("--force", FOLDABLE).explorer
+    ex = cuvil_cell("--force --passes O1", FOLDABLE).explorer
     graph = ex.panels["graph"]
     assert "<svg" not in graph.svg.value              # not drawn until its tab is opened
     ex.panels["pipeline"].select(2)                   # canonicalize
@@ -161,13 +164,13 @@ def test_redefined_pass_misses_the_cache(cuvil_cell):
 
 
 def test_ir_cell_runs_against_the_input_ir(cuvil_cell):
-    ex = cuvil_cell("", FOLDABLE_IR).explorer
+    ex = cuvil_cell("--passes O1", FOLDABLE_IR).explorer
     run = ex.run
     assert run.target.is_ir and run.reference.startswith("the input IR")
     assert run.max_abs_err == 0.0 and run.result.shape == (4, 8)
     x = torch.randn(4, 8)
     assert torch.equal(run.compiled(x), 2 * torch.relu(x))
-    assert [p["changed"] for p in run.report.passes] == [False, False, True, True, False]
+    assert [p["changed"] for p in run.report.passes] == [False, False, True, True, False, True]
 
 
 def test_no_run_panels_and_html_options(cuvil_cell, tmp_path):
@@ -191,8 +194,8 @@ def test_a_panel_is_one_small_class(cuvil_cell):
             return W.HTML(f"{len(self.run.report.passes)} passes")
 
     try:
-        ex = cuvil_cell("--panels test-count,pipeline", FOLDABLE_IR).explorer
-        assert ex.tab.titles == ("Count", "Pipeline") and ex.panels["test-count"].widget.value == "5 passes"
+        ex = cuvil_cell("--panels test-count,pipeline --passes O1", FOLDABLE_IR).explorer
+        assert ex.tab.titles == ("Count", "Pipeline") and ex.panels["test-count"].widget.value == "6 passes"
     finally:
         _PANELS.pop("test-count")
 

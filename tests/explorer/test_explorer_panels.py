@@ -1,8 +1,10 @@
-"""The native path of `%%cuvil` and the code, memory and profile panels, in an in-process IPython shell,
-on the zoo's CNN: the run against eager PyTorch, provenance from source lines to kernels and back,
-the memory plan pictures, the profile exports and the pass bisection."""
+"""The native path of `%%cuvil` and the code, memory, profile and fusion panels, in an in-process IPython
+shell, on the zoo's CNN: the run against eager PyTorch, provenance from source lines to kernels and back,
+the memory plan pictures, the profile exports and the pass bisection; and on a block with a GEMM epilogue,
+a residual add, a layer norm, an RMS norm and a softmax: the fuse pass's groups and refusals."""
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -14,7 +16,7 @@ from cuvil import zoo
 from cuvil import CuvilError
 from cuvil.passes import unregister_pass
 
-from explorer_cases import FOLDABLE_IR
+from explorer_cases import FOLDABLE_IR, FUSION_BLOCK
 
 CNN_CELL = "cnn.model(*cnn.example_inputs)"
 
@@ -41,7 +43,7 @@ def test_native_run_against_eager(cnn):
     assert {r["step"] for r in records} == set(range(len(report.schedule)))
     summary = cnn.panels["summary"].widget.value
     assert "as fast as eager PyTorch" in summary and f"{len(report.kernels)} ({len(report.schedule)} steps)" in summary
-    assert cnn.tab.titles == ("Pipeline", "Graph", "Code", "Memory", "Profile", "Summary")
+    assert cnn.tab.titles == ("Pipeline", "Graph", "Fusion", "Code", "Memory", "Profile", "Summary")
     assert f"native code: {len(report.kernels)} kernels" in cnn.widget.children[0].value
 
 
@@ -127,10 +129,10 @@ def test_bisect_names_the_pass_that_changed_the_results(cuvil_cell):
         pipe = ex.panels["pipeline"]
         pipe.bisect.click()
         result = ex.run.bisection
-        assert result.culprit == "test-double-literals" and result.first_bad == 5
-        assert [c["ok"] for c in result.checks] == [True] * 5 + [False]
-        assert result.checks[5]["max_abs_err"] == pytest.approx(float((3 * torch.relu(x)).abs().max()), rel=1e-6)
-        assert pipe.current == 5 and "test-double-literals, changed the results" in pipe.bisection.value
+        assert result.culprit == "test-double-literals" and result.first_bad == 6
+        assert [c["ok"] for c in result.checks] == [True] * 6 + [False]
+        assert result.checks[6]["max_abs_err"] == pytest.approx(float((3 * torch.relu(x)).abs().max()), rel=1e-6)
+        assert pipe.current == 6 and "test-double-literals, changed the results" in pipe.bisection.value
         assert "numeric" in pipe.header.value
         ok = cuvil_cell("--passes O1", body).explorer
         ok.panels["pipeline"].bisect.click()
@@ -155,3 +157,80 @@ def test_native_failure_falls_back_to_the_interpreter(cuvil_cell, monkeypatch):
     assert ex.run.report.profile["vs_eager"]["engine"].startswith("the reference interpreter")
     ir = cuvil_cell("--force", FOLDABLE_IR).explorer
     assert ir.run.engine == "interpreter" and ir.run.max_abs_err == 0.0
+
+
+# ----------------------------------------------------------------------------- fusion
+
+
+@pytest.fixture(scope="module")
+def fused(cuvil_cell):
+    return cuvil_cell("", FUSION_BLOCK).explorer
+
+
+def defining_line(report, name: str) -> str:
+    """The output-IR line that defines the value `name`, without its location (found independently
+    of the renderers: the names left of ` = `)."""
+    (line,) = [ln for ln in report.output_ir.splitlines()
+               if " = " in ln and name in ln.strip().split(" = ", 1)[0].split(", ")]
+    return re.sub(r' loc\(.*\)$', "", line)
+
+
+def marked_lines(ir_html: str, cls: str) -> list[str]:
+    return [html.unescape(t) for t in re.findall(rf'<span class="cv-irline {cls}"[^>]*>(.*?)</span>', ir_html)]
+
+
+def test_fusion_panel_lists_groups_and_refusals_and_filters_by_rule(fused):
+    report = fused.run.report
+    groups, refused = report.fusion["groups"], report.fusion["refused"]
+    assert "Fusion" in fused.tab.titles and any(g["kind"] != "single" for g in groups) and refused
+    panel = fused.select("fusion")
+    assert [i for _, i in panel.groups.options] == list(range(len(groups)))
+    for (label, _), g in zip(panel.groups.options, groups):
+        assert g["name"] in label and g["kind"] in label and g["summary"] in label
+    assert [label for label, _ in panel.refused.options] == [
+        f"{r['rule']}: {r['candidate']} {r['candidate_name'].removeprefix('cuvil.')} → {r['consumer']}" for r in refused]
+    for rule in {r["rule"] for r in refused}:
+        panel.rule.value = rule
+        assert [j for _, j in panel.refused.options] == [j for j, r in enumerate(refused) if r["rule"] == rule]
+    panel.rule.value = ""
+    assert len(panel.refused.options) == len(refused)
+    kind = groups[0]["kind"]
+    panel.kind.value = kind
+    assert [i for _, i in panel.groups.options] == [i for i, g in enumerate(groups) if g["kind"] == kind]
+    panel.kind.value = ""
+
+
+def test_selecting_a_group_shows_its_kernel_and_marks_its_values(fused):
+    report = fused.run.report
+    panel = fused.select("fusion")
+    i, g = max(enumerate(report.fusion["groups"]), key=lambda ig: ig[1]["size"])
+    panel.groups.value = i
+    assert panel.selected == ("group", i) and panel.refused.value is None
+    (kernel,) = [k for k in report.kernels if k["name"] == g["kernel"]]
+    assert set(g["ops"]) <= {op["id"] for op in kernel["ops"]}    # the group's ops went into that kernel
+    assert fused.state.kernel == kernel["name"] and panel.kernel_box.layout.display is None
+    assert html.escape(kernel["kernel_ir"].splitlines()[0]) in panel.code.value
+    panel.view.value = "asm"
+    assert html.escape(kernel["asm"].splitlines()[0]) in panel.code.value
+    panel.view.value = "kernel_ir"
+    assert marked_lines(panel.ir.value, "cv-hit") == [defining_line(report, v) for v in g["values"]]
+    assert g["summary"] in panel.details.value and f"<code>{kernel['name']}</code>" in panel.details.value
+    for _ in range(2):     # opening the Code tab works again after coming back
+        panel.open_code.click()
+        assert list(fused.panels)[fused.tab.selected_index] == "code" and fused.panels["code"].current == kernel["name"]
+        fused.select("fusion")
+
+
+def test_selecting_a_refusal_marks_its_two_ops(fused):
+    report = fused.run.report
+    panel = fused.select("fusion")
+    for j, r in enumerate(report.fusion["refused"]):
+        panel.refused.value = j
+        assert panel.selected == ("refused", j) and panel.groups.value is None
+        assert panel.kernel_box.layout.display == "none" and panel.code.value == ""
+        assert marked_lines(panel.ir.value, "cv-cand") == [defining_line(report, r["candidate"])]
+        assert marked_lines(panel.ir.value, "cv-cons") == [defining_line(report, r["consumer"])]
+        assert html.escape(r["reason"]) in panel.details.value and f"<b>{r['rule']}</b>" in panel.details.value
+    panel.whole.value = True     # the whole IR, not only the lines around the marks
+    assert "cv-gap" not in panel.ir.value
+    assert len(re.findall(r'<span class="cv-irline', panel.ir.value)) == len(report.output_ir.splitlines())

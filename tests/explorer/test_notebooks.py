@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import escape, unescape
 from pathlib import Path
 
 import nbformat
@@ -11,11 +12,13 @@ import pytest
 from nbclient import NotebookClient
 
 import cuvil
+from cuvil.explain import DEFAULT_PIPELINE
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 VIEW = "application/vnd.jupyter.widget-view+json"
 STATE = "application/vnd.jupyter.widget-state+json"
 O1 = [p.spec() for p in cuvil.Pipeline.parse("O1")]
+DEFAULT = [p.spec() for p in cuvil.Pipeline.parse(DEFAULT_PIPELINE)]   # what a bare %%cuvil runs
 
 
 def execute(name: str, tmp_path_factory) -> nbformat.NotebookNode:
@@ -47,9 +50,15 @@ def memory(tmp_path_factory):
     return execute("04_memory_planning.ipynb", tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def fusion(tmp_path_factory):
+    return execute("05_fusion.ipynb", tmp_path_factory)
+
+
 def test_every_notebook_is_tested():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == [
-        "01_quickstart.ipynb", "02_pass_pipeline.ipynb", "03_codegen_and_profile.ipynb", "04_memory_planning.ipynb"]
+        "01_quickstart.ipynb", "02_pass_pipeline.ipynb", "03_codegen_and_profile.ipynb", "04_memory_planning.ipynb",
+        "05_fusion.ipynb"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -119,8 +128,8 @@ def test_quickstart_panels_in_the_saved_widget_state(quickstart):
     widgets = Widgets(quickstart)
     models = widgets.of_cell(cell_starting(quickstart, "%%cuvil --dynamic"))
     (tab,) = named(models, "TabModel")
-    assert tab["titles"] == ["Pipeline", "Graph", "Code", "Memory", "Profile", "Summary"]
-    assert pass_list(models) == O1
+    assert tab["titles"] == ["Pipeline", "Graph", "Fusion", "Code", "Memory", "Profile", "Summary"]
+    assert pass_list(models) == DEFAULT
     summary = [h["value"] for h in named(models, "HTMLModel") if "cv-summary" in h["value"]]
     assert len(summary) == 1 and "max abs error vs eager PyTorch" in summary[0]
 
@@ -131,12 +140,12 @@ def test_quickstart_stepping_reached_canonicalize(quickstart):
     models = widgets.of_cell(block)
     # the next cell clicked "next" twice: the saved diff is the one of canonicalize, with `x * 1.0` removed
     html = [h["value"] for h in named(models, "HTMLModel")]
-    (position,) = [v for v in html if v.startswith("<b>3 / 5</b>")]
+    (position,) = [v for v in html if v.startswith(f"<b>3 / {len(DEFAULT)}</b>")]
     assert "canonicalize" in position
     (diff,) = [v for v in html if 'class="cv-diff"' in v]
     removed = re.findall(r'<td class="cv-code cv-del">(.*?)</td>', diff)
     assert any("cuvil.mul" in r for r in removed)
-    assert "3 / 5</b>: canonicalize" in stdout(cell_starting(quickstart, 'pipeline = _cuvil_explorer'))
+    assert f"3 / {len(DEFAULT)}</b>: canonicalize" in stdout(cell_starting(quickstart, 'pipeline = _cuvil_explorer'))
 
 
 def test_quickstart_static_report(quickstart):
@@ -158,7 +167,7 @@ def test_quickstart_error_panel_shows_the_users_line(quickstart):
 def test_pass_pipeline_stepping_output(pass_pipeline):
     no_errors(pass_pipeline)
     lines = stdout(cell_starting(pass_pipeline, 'pipeline = _cuvil_explorer')).splitlines()
-    assert [line.split()[1] for line in lines] == O1
+    assert [line.split()[1] for line in lines] == DEFAULT
     changed = {line.split()[1]: line.split()[2] for line in lines}
     assert changed["verify"] == "changed=False" and changed["canonicalize"] == "changed=True"
 
@@ -205,7 +214,7 @@ def test_codegen_code_panel_marks_the_kernels_of_the_source_line(codegen):
     report = json.loads((codegen.cwd / "cnn-report.json").read_text())
     models = Widgets(codegen).of_cell(cell_starting(codegen, "%%cuvil"))
     (tab,) = named(models, "TabModel")
-    assert tab["titles"] == ["Pipeline", "Graph", "Code", "Memory", "Profile", "Summary"]
+    assert tab["titles"] == ["Pipeline", "Graph", "Fusion", "Code", "Memory", "Profile", "Summary"]
     (line,) = [s for s in report["sources"] if "self.depthwise" in s["text"]]
     # the kernels that hold an op carrying the line's location, from the report itself
     expected = [k["name"] for k in report["kernels"] if {op["id"] for op in k["ops"]} & set(line["ops"])]
@@ -284,3 +293,92 @@ def test_memory_transformer_block(memory):
     n, regions = map(int, re.search(r"(\d+) buffers in (\d+) regions", out).groups())
     arena, naive, peak = map(int, re.search(r"(\d+) bytes, naive (\d+) bytes, peak live (\d+)", out).groups())
     assert regions < n and peak <= arena < naive
+
+
+# ----------------------------------------------------------------------------- 05 fusion
+
+FUSION_CELL = "%%cuvil --dynamic '[{0: \"batch\"}]' --passes O1\n"
+CAPPED_CELL = "%%cuvil --dynamic '[{0: \"batch\"}]' --passes 'verify"
+
+
+def ir_line(report: dict, name: str) -> str:
+    """The output-IR line defining `name`, without its location."""
+    (line,) = [ln for ln in report["output_ir"].splitlines()
+               if " = " in ln and name in ln.strip().split(" = ", 1)[0].split(", ")]
+    return re.sub(r' loc\(.*\)$', "", line)
+
+
+def ir_marks(html_value: str, cls: str) -> list[str]:
+    return [unescape(t) for t in re.findall(rf'<span class="cv-irline {cls}"[^>]*>(.*?)</span>', html_value)]
+
+
+def fusion_panel(nb, prefix: str) -> list[dict]:
+    """The widget models of the Fusion tab of the explorer a cell showed."""
+    widgets = Widgets(nb)
+    (tab,) = named(widgets.of_cell(cell_starting(nb, prefix)), "TabModel")
+    assert tab["titles"] == ["Pipeline", "Graph", "Fusion", "Code", "Memory", "Profile", "Summary"]
+    return widgets.tree(tab["children"][tab["titles"].index("Fusion")].removeprefix("IPY_MODEL_"))
+
+
+def test_fusion_groups_of_the_block(fusion):
+    no_errors(fusion)
+    report = json.loads((fusion.cwd / "fusion-O1.json").read_text())
+    groups = report["fusion"]["groups"]
+    by_op = {}
+    for g in groups:
+        for name in g["values"]:
+            by_op[re.search(r"= (cuvil\.\w+)", ir_line(report, name))[1], name] = g
+    ops = {op for op, _ in by_op}
+    assert {"cuvil.linear", "cuvil.relu", "cuvil.add", "cuvil.layer_norm", "cuvil.mean", "cuvil.softmax"} <= ops
+    # hand-checked: fc1's bias and ReLU are its GEMM's epilogue; the residual add is fc2's; the norms and the
+    # softmax are one reduction group
+    relu = next(g for (op, _), g in by_op.items() if op == "cuvil.relu")
+    assert relu["kind"] == "gemm-epilogue" and relu["summary"] == "linear + relu"
+    softmax = next(g for (op, _), g in by_op.items() if op == "cuvil.softmax")
+    assert softmax["kind"] == "reduction" and {"layer_norm", "mean", "rsqrt", "softmax"} <= set(
+        softmax["summary"].split(" + "))
+    out = stdout(cell_starting(fusion, "fused = _cuvil_report"))
+    assert [line.split()[0] for line in out.splitlines() if line.startswith("g")] == [g["name"] for g in groups]
+    assert out.count("refused ") == len(report["fusion"]["refused"]) >= 1
+
+
+def test_fusion_panel_state_shows_the_largest_group_and_its_kernel(fusion):
+    report = json.loads((fusion.cwd / "fusion-O1.json").read_text())
+    groups, refused = report["fusion"]["groups"], report["fusion"]["refused"]
+    models = fusion_panel(fusion, FUSION_CELL)
+    group_list = described(models, "SelectModel", "groups")
+    assert len(group_list["_options_labels"]) == len(groups)
+    big = max(range(len(groups)), key=lambda i: groups[i]["size"])
+    assert group_list["index"] == big and groups[big]["summary"] in group_list["_options_labels"][big]
+    # the rule filter the notebook set: only the refusals of the first refusal's rule are listed
+    rule = described(models, "DropdownModel", "rule")
+    assert rule["_options_labels"][rule["index"]].startswith(refused[0]["rule"] + " (")
+    refused_list = described(models, "SelectModel", "refused")
+    assert len(refused_list["_options_labels"]) == sum(r["rule"] == refused[0]["rule"] for r in refused)
+    assert refused_list["index"] is None
+    (kernel,) = [k for k in report["kernels"] if k["name"] == groups[big]["kernel"]]
+    html_values = [h["value"] for h in named(models, "HTMLModel")]
+    (code,) = [v for v in html_values if "cv-codeblock" in v]
+    assert escape(kernel["kernel_ir"].splitlines()[0]) in code
+    (ir,) = [v for v in html_values if "cv-fuseir" in v]
+    assert ir_marks(ir, "cv-hit") == [ir_line(report, v) for v in groups[big]["values"]]
+    out = stdout(cell_starting(fusion, "biggest = "))
+    assert out.splitlines() == [f"selected {groups[big]['name']} -> kernel {kernel['name']}",
+                                kernel["kernel_ir"].splitlines()[0]]
+
+
+def test_fusion_max_ops_option(fusion):
+    fused = json.loads((fusion.cwd / "fusion-O1.json").read_text())
+    capped = json.loads((fusion.cwd / "fusion-max-ops-4.json").read_text())
+    assert capped["pipeline"] == "verify,shape-infer,canonicalize,cse,dce,fuse{max-ops=4}"
+    assert max(g["size"] for g in fused["fusion"]["groups"]) > 4 >= max(g["size"] for g in capped["fusion"]["groups"])
+    assert len(capped["kernels"]) > len(fused["kernels"])
+    cut = [r for r in capped["fusion"]["refused"] if r["rule"] == "max-ops"]
+    assert cut and all("max-ops=4" in r["reason"] for r in cut)
+    models = fusion_panel(fusion, CAPPED_CELL)
+    refused_list = described(models, "SelectModel", "refused")
+    assert refused_list["_options_labels"] == [f"max-ops: {r['candidate']} {r['candidate_name'].removeprefix('cuvil.')}"
+                                               f" → {r['consumer']}" for r in cut]
+    out = stdout(cell_starting(fusion, "capped = _cuvil_report"))
+    assert float(re.search(r"max abs error vs eager: (\S+)", out)[1]) <= 1e-5
+    assert f"max-ops=4  {len(capped['kernels'])} kernels, largest group" in out

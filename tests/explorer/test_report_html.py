@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 import pytest
 
 import cuvil
-from cuvil.report_html import diff_html, graph_dot, graph_svg, ir_stages, render_report_html
+from cuvil.report_html import diff_html, graph_dot, graph_svg, ir_stages, render_report_html, summary_html
 
 from explorer_cases import FOLDABLE_IR
 
@@ -61,7 +61,8 @@ def test_diff_context_and_search_and_escaping():
 def test_stage_ids_are_stable_across_passes(report):
     stages = ir_stages(report)
     titles = [s.title for s in stages]
-    assert titles == ["input", "after verify", "after shape-infer", "after canonicalize", "after cse", "after dce"]
+    assert titles == ["input", "after verify", "after shape-infer", "after canonicalize", "after cse", "after dce",
+                      "after fuse"]
     start = {n.id: n.op for n in stages[0].nodes()}
     assert start == {"%x": "arg", "%0": "cuvil.literal", "%1": "cuvil.mul", "%2": "cuvil.relu",
                      "%3": "cuvil.relu", "%4": "cuvil.add", "return": "cuvil.return"}
@@ -84,6 +85,17 @@ def test_new_ops_get_the_pass_position():
     after = ir_stages(rep)[1]
     assert after.status == {"%4#1": "new", "return": "changed"}
     assert [n.id for n in after.removed] == ["%4"]
+
+
+def test_program_passes_leave_the_graph_stage_as_it_was():
+    program = "program @g (1 steps)\n  step 0 g_0_mul_relu(%x) -> %4 deps=[] priority=1\n"
+    rep = cuvil.CompileReport("r", input_ir=FOLDABLE_IR, passes=[
+        {"name": "schedule", "spec": "schedule", "changed": True, "stage": "program", "ir_before": program,
+         "ir_after": program.replace("priority=1", "priority=2")}])
+    stages = ir_stages(rep)
+    assert stages[1].functions is stages[0].functions and stages[1].text == FOLDABLE_IR
+    # the op counts are those of the graph IR: no op changed, so only the total is listed
+    assert re.findall(r"<tr><th>([^<]*)</th><td>([^<]*→[^<]*)</td>", summary_html(rep, stages)) == [("all ops", "5 → 5")]
 
 
 @needs_dot
@@ -126,11 +138,11 @@ def test_static_report_is_self_contained(report, tmp_path):
     parser.feed(page)
     assert parser.external == []                      # no network, no files next to it
     data = json.loads(re.search(r'<script type="application/json" id="cv-data">(.*?)</script>', page, re.S)[1])
-    assert [p["spec"] for p in data["passes"]] == ["verify", "shape-infer", "canonicalize", "cse", "dce"]
-    assert [p["changed"] for p in data["passes"]] == [False, False, True, True, False]
-    assert data["stageOf"] == [0, 0, 0, 3, 4, 4]   # unchanged passes show the drawing before them
+    assert [p["spec"] for p in data["passes"]] == ["verify", "shape-infer", "canonicalize", "cse", "dce", "fuse"]
+    assert [p["changed"] for p in data["passes"]] == [False, False, True, True, False, True]
+    assert data["stageOf"] == [0, 0, 0, 3, 4, 4, 6]   # unchanged passes show the drawing before them
     sections = re.findall(r'<div class="cv-pass" data-i="(\d)" hidden>(.*?)</div></div>', page, re.S)
-    assert len(sections) == 5
+    assert len(sections) == 6
     assert "did not change the IR" in sections[0][1] and 'class="cv-code cv-del"' in sections[2][1]
     assert "Ops (before → after the pipeline)" in page and "5 → 2" in page
 
@@ -168,8 +180,8 @@ def section(page: str, name: str) -> str:
 def test_static_page_code_memory_and_profile_tabs(native_report):
     r = native_report
     page = render_report_html(r)
-    assert re.findall(r'data-tab="cv-t-(\w+)"', page) == ["pipeline", "graph", "code", "memory", "profile",
-                                                          "summary", "ir"]
+    assert re.findall(r'data-tab="cv-t-(\w+)"', page) == ["pipeline", "graph", "fusion", "code", "memory",
+                                                          "profile", "summary", "ir"]
     code = section(page, "code")
     kernels = re.findall(r'<div class="cv-kern" data-k="([^"]+)" hidden>', code)
     assert kernels == [k["name"] for k in r.kernels]
@@ -222,3 +234,68 @@ def test_memory_pictures_geometry():
     assert [(n, float(y), float(h)) for n, y, h in rects] == [("%a", 176, 160), ("%b", 16, 160), ("%c", 176, 160)]
     assert 'class="cv-buf cv-on" data-name="%b"' in memory_packing_svg(r, selected="%b")
     assert provenance(r).kernels == {}
+
+
+# ----------------------------------------------------------------------------- fusion
+
+from cuvil.report_html import fusion_clusters, pass_header_html  # noqa: E402
+
+from explorer_cases import FUSION_BLOCK  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fused_report():
+    ns = {}
+    exec(FUSION_BLOCK, ns)
+    return cuvil.explain(ns["block"], ns["x"], pipeline="O1")
+
+
+def cluster_bodies(dot: str) -> list[tuple[str, list[str]]]:
+    """(colour, node names) of each cluster in graphviz source."""
+    out = []
+    for body in re.findall(r"subgraph cluster_\d+ \{(.*?)\n\t\}", dot, re.S):
+        colour = re.search(r'\bcolor="(#[0-9a-f]{6})"', body)
+        out.append((colour[1] if colour else "", sorted(re.findall(r"^\s*(v\w+) \[label", body, re.M))))
+    return out
+
+
+@needs_dot
+def test_graph_boxes_fusion_groups_coloured_by_kernel(fused_report, native_report):
+    r = fused_report
+    last = ir_stages(r)[-1]
+    ids = {name: n.id for n in last.nodes() for name in n.names}
+    fused = [g for g in r.fusion["groups"] if g["kind"] != "single"]
+    bodies = cluster_bodies(graph_dot(last, fusion_clusters(r)))
+    # a box per fused group around exactly the ops that define its values; the group's kernels differ
+    assert [names for _, names in bodies] == [sorted(ids[v].replace("%", "v") for v in g["values"]) for g in fused]
+    assert len({colour for colour, _ in bodies}) == len({g["kernel"] for g in fused}) == len(fused) >= 2
+    svg = graph_svg(last, fusion_clusters(r))
+    labels = re.findall(r'<g id="clust\d+" class="cluster cv&#45;fusion">\s*<title>[^<]*</title>.*?<text[^>]*>(.*?)</text>',
+                        svg, re.S)
+    assert labels == [f"{g['name']} · {g['kernel']}" for g in fused]
+    # three identical linear+relu layers run one kernel's code: their boxes have one colour
+    n = native_report
+    layers = cluster_bodies(graph_dot(ir_stages(n)[-1], fusion_clusters(n)))
+    assert len(layers) == 3 and len({colour for colour, _ in layers}) == 1
+    assert sum(1 for st in n.schedule if st.get("code_of")) == 2
+
+
+def test_static_page_fusion_tab(fused_report):
+    r = fused_report
+    page = render_report_html(r)
+    tab = section(page, "fusion")
+    groups, refused = r.fusion["groups"], r.fusion["refused"]
+    assert re.findall(r'<button data-f="(g\d+)">', tab) == [f"g{i}" for i in range(len(groups))]
+    assert re.findall(r'<button data-f="r\d+" data-rule="([^"]+)">', tab) == [r["rule"] for r in refused]
+    assert re.findall(r'<option value="([^"]*)">', tab) == [""] + sorted({r["rule"] for r in refused})
+    items = dict(re.findall(r'<div class="cv-fuseitem" data-f="(\w+)" hidden>(.*?)</pre></div>', tab, re.S))
+    for i, g in enumerate(groups):
+        assert f'data-k="{g["kernel"]}"' in items[f"g{i}"]     # the link to its kernel in the Code tab
+        assert len(re.findall(r'class="cv-irline cv-hit"', items[f"g{i}"])) == len(g["values"])
+    for j, rf in enumerate(refused):
+        assert html.escape(rf["reason"]) in items[f"r{j}"]
+        assert "cv-irline cv-cand" in items[f"r{j}"] and "cv-irline cv-cons" in items[f"r{j}"]
+    # the fuse pass's decisions are in the Fusion tab, not dumped into the pass header
+    (fuse,) = [(i, p) for i, p in enumerate(r.passes) if p["name"] == "fuse"]
+    header = pass_header_html(*fuse)
+    assert f"groups={fuse[1]['statistics']['groups']}" in header and "options" not in header

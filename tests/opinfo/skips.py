@@ -78,7 +78,20 @@ NOT_RUN: list[Refusal] = [
 _NOT_COMPUTE = ("not a computation but symbolic-int arithmetic or a shape check, which torch.export emits "
                 "only for dynamic shapes; OpInfo samples are imported with static ones")
 
+_DECOMPOSED = ("torch.export emits it only when Cuvil runs run_decompositions (a graph with an op Cuvil does not "
+               "import directly); OpInfo samples whose graphs Cuvil imports whole reach {} instead")
+_ZOO = ("no OpInfo sample exports to it; the Hugging Face zoo models (tests/differential) do, in eval mode, "
+        "through {}")
+
 UNMAPPED: dict[str, str] = {
+    "aten._to_copy.default": _DECOMPOSED.format("aten.to.dtype (the float, long and bool OpInfos)"),
+    "aten._native_batch_norm_legit_no_training.default": _DECOMPOSED.format("aten.batch_norm.default"),
+    "aten.dropout.default": "OpInfo's dropout samples run in training mode (random), which Cuvil sends through "
+                            "decompositions and refuses; " + _ZOO.format("nn.Dropout in BERT, GPT2 and ViT"),
+    "aten.__and__.Tensor": "OpInfo's `&` samples (__rand__) export as aten.bitwise_and.Tensor; "
+                           + _ZOO.format("the `&` of BERT's and GPT2's attention masks"),
+    "aten.to.device": _ZOO.format("BERT's attention-mask `.to(device)`"),
+    "aten.to.dtype_layout": _ZOO.format("BERT's and GPT2's mask `.to(dtype=...)`"),
     "aten.clamp_max.default": "OpInfo's clamp_max samples bound by tensors, which export as aten.clamp.Tensor "
                               "(no row), and no OpInfo decomposes to the scalar form",
     "aten.pow.Scalar": "only logspace decomposes to it, and its decomposition computes in float64 (see NOT_RUN)",

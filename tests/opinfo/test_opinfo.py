@@ -57,7 +57,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.clamp_min.default": ["nn.functional.margin_ranking_loss"],
     "aten.hardtanh.default": ["nn.functional.hardtanh"],
     "aten.leaky_relu.default": ["nn.functional.leaky_relu"],
-    "aten._to_copy.default": ["float", "long", "bool"],
+    "aten.to.dtype": ["float", "long", "bool"],
     # elementwise, binary
     "aten.add.Tensor": ["add"],
     "aten.add.Scalar": ["special.ndtr"],
@@ -113,7 +113,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.layer_norm.default": ["nn.functional.layer_norm"],
     "aten.native_layer_norm.default": ["native_layer_norm"],
     "aten.rms_norm.default": ["nn.functional.rms_norm"],
-    "aten._native_batch_norm_legit_no_training.default": ["nn.functional.batch_norm"],
+    "aten.batch_norm.default": ["nn.functional.batch_norm"],
     # linear algebra, convolution, pooling, attention
     "aten.linear.default": ["nn.functional.linear"],
     "aten.matmul.default": ["matmul"],
@@ -129,6 +129,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.scaled_dot_product_attention.default": ["nn.functional.scaled_dot_product_attention"],
     # shapes, views, indexing
     "aten.view.default": ["view", "reshape"],
+    "aten.flatten.using_ints": ["flatten"],
     "aten._unsafe_view.default": ["nn.functional.pixel_shuffle"],
     "aten.expand.default": ["expand"],
     "aten.permute.default": ["permute"],

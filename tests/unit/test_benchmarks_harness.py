@@ -150,6 +150,9 @@ def test_serving_check_counts_calls_and_compares_bits(quick_results):
     for engine in ("eager", "shifted"):
         assert serving[engine]["mismatched"] == 0 and serving[engine]["calls_checked"] > 0
         assert serving[engine]["calls_per_s_1"] > 0 and serving[engine]["calls_per_s_2"] > 0
+        [rep] = serving[engine]["reps"]      # quick: one rep, with the other load measured during it
+        assert rep["scaling"] == pytest.approx(rep["calls_per_s_2"] / rep["calls_per_s_1"])
+        assert rep["other_load_cores"] >= 0 and serving[engine]["quietest"] == rep
 
 
 def test_markdown_and_json_report(quick_results, tmp_path):
@@ -165,8 +168,9 @@ def test_markdown_and_json_report(quick_results, tmp_path):
 
 def test_command_line_run_in_worker_processes(tmp_path, capsys):
     assert main(["--quick", "--models", "eltwise_4k", "--engines", "eager", "--threads", "1",
-                 "--out", str(tmp_path)]) == 0
+                 "--serve-quiet-wait", "0.5", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "quick.json").read_text())
+    assert results["settings"]["serve_quiet_wait_s"] == 0.5
     cell = results["cases"][0]["threads"]["1"]["engines"]["eager"]
     assert cell["status"] == "ok" and cell["speedup"] == 1.0
     assert results["engines"]["eager"]["1"]["torch_threads"] == 1     # the worker's own thread setting

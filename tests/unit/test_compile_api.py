@@ -309,7 +309,7 @@ def test_explain_native_sections():
     report = cuvil.explain(net, torch.randn(3, 16), dynamic={"x": {0: "batch"}})
     assert len(report.kernels) == 2 and report.schedule and report.memory["buffers"]
     assert report.memory["sizes"] == {"s0": 3}
-    assert [g["name"] for g in report.fusion["groups"]] == [k["name"] for k in report.kernels]
+    assert [g["kernel"] for g in report.fusion["groups"]] == [k["name"] for k in report.kernels]
     plain = cuvil.explain(net, torch.randn(3, 16), native=False)
     assert plain.kernels == [] and plain.schedule == []
 

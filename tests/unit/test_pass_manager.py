@@ -166,7 +166,7 @@ def scratch_pipelines():
 
 
 def test_named_pipelines_expand_and_refuse_cycles(scratch_pipelines):
-    assert str(parse_pipeline("O1")) == "verify,shape-infer,canonicalize,cse,dce"
+    assert str(parse_pipeline("O1")) == "verify,shape-infer,canonicalize,cse,dce,fuse"
     register_pipeline("test-pipe", "O0,cse{aggressive=true}")
     assert str(parse_pipeline("test-pipe,dce")) == "verify,shape-infer,cse{aggressive=true},dce"
     with pytest.raises(CuvilPipelineError, match="named pipeline 'test-bad': .*unknown pass 'nope'"):
@@ -229,7 +229,7 @@ def test_insert_by_priority_places_a_user_pass():
         priority = 105
 
     p = parse_pipeline("O1").insert_by_priority(Middle())
-    assert str(p) == "verify,shape-infer,canonicalize,test-middle,cse,dce"
+    assert str(p) == "verify,shape-infer,canonicalize,test-middle,cse,dce,fuse"
     assert str(Pipeline.of(["cse", Middle(), "dce"])) == "cse,test-middle,dce"
 
 
@@ -248,7 +248,7 @@ def test_records_describe_every_pass_and_serialise_to_json():
     data = json.loads(json.dumps([r.to_json() for r in records]))
     assert data[1]["name"] == "canonicalize" and data[1]["changed"] is True and data[1]["skipped"] is None
     assert set(data[0]) == {"name", "options", "spec", "changed", "time_s", "statistics", "skipped",
-                            "ir_before", "ir_after", "checks"}
+                            "ir_before", "ir_after", "checks", "stage"}
 
 
 def test_change_detection_does_not_trust_the_pass(scratch_passes):

@@ -1,0 +1,100 @@
+"""The `fold-batchnorm` pass: an inference batch norm right after a conv2d (or a linear, for
+BatchNorm1d) is an affine map per output channel, so it folds into that op's weight and bias:
+
+    s  = gamma / sqrt(var + eps)
+    w' = w * s (per output channel, dim 0 of the weight)
+    b' = (b - mean) * s + beta
+
+The new weight and bias are computed in float64 at compile time and stored as new module constants
+(`conv1.weight.bn_folded`, `conv1.bias.bn_folded`); the batch norm disappears. The old weights stay
+in `module.constants` until `dce` removes the unreferenced ones.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from ..ir.core import Module, Operation, Value
+from ..ir.types import TensorType
+from .base import ModulePass
+from .fold_constants import add_constant
+from .registry import register_pass
+from .rewrite import Rewriter, producer
+
+FOLDABLE_PRODUCERS = frozenset({"cuvil.conv2d", "cuvil.linear"})
+
+
+@register_pass
+@dataclass(frozen=True)
+class FoldBatchNormPass(ModulePass):
+    """Fold inference batch norms into the conv2d (or linear) that feeds them.
+
+    Folds only when the batch norm is the producer's only user and every weight, bias and statistic
+    is a constant with data; the statistics count every batch norm left alone, by reason."""
+    name = "fold-batchnorm"
+    priority = 95
+    requires = frozenset({"verified"})
+
+    def run(self, module: Module) -> dict:
+        skipped: Counter = Counter()
+        folded = 0
+        for fn in module.functions.values():
+            rw = Rewriter(module, fn)
+            for bn in [op for op in fn.ops if op.name == "cuvil.batch_norm"]:
+                reason = _refusal(module, bn)
+                if reason is None:
+                    with torch.no_grad():   # weights may require grad; folding records no autograd graph
+                        _fold(rw, bn)
+                    folded += 1
+                else:
+                    skipped[reason] += 1
+        return {"folded": folded, "skipped": dict(sorted(skipped.items()))}
+
+
+def _refusal(module: Module, bn: Operation) -> str | None:
+    """Why `bn` cannot be folded (a statistics key), or None."""
+    p = producer(bn.operands[0])
+    if p is None or p.name not in FOLDABLE_PRODUCERS:
+        return "not-after-conv-or-linear"
+    if p.name == "cuvil.linear" and p.result.type.rank != 2:
+        return "linear-not-rank-2"      # batch norm's channels (dim 1) are not the linear's features
+    if len(p.result.uses) != 1:
+        return "producer-multi-use"
+    params = [*bn.operands[1:], *p.operands[1:]]
+    if any(producer(v) is None or producer(v).name != "cuvil.const" for v in params):
+        return "not-constant"
+    if any(producer(v).attrs["name"] not in module.constants for v in params):
+        return "no-data"
+    return None
+
+
+def _data(rw: Rewriter, v: Value | None) -> torch.Tensor | None:
+    return None if v is None else rw.module.constants[producer(v).attrs["name"]]
+
+
+def _fold(rw: Rewriter, bn: Operation) -> None:
+    p = bn.operands[0].owner
+    x, w_value, *b_value = p.operands
+    mean, var, gamma, beta = (_data(rw, v) for v in (*bn.operands[1:], None, None)[:4])   # weight?, bias?
+    w, b = _data(rw, w_value), _data(rw, b_value[0] if b_value else None)
+
+    f64 = torch.float64
+    scale = torch.rsqrt(var.to(f64) + bn.attrs["eps"])
+    if gamma is not None:
+        scale = scale * gamma.to(f64)
+    shift = -mean.to(f64) * scale
+    if b is not None:
+        shift = shift + b.to(f64) * scale
+    if beta is not None:
+        shift = shift + beta.to(f64)
+    new_w = (w.to(f64) * scale.reshape(-1, *[1] * (w.dim() - 1))).to(w.dtype)
+
+    w_name = producer(w_value).attrs["name"]
+    b_stem = producer(b_value[0]).attrs["name"] if b_value else f"{w_name.removesuffix('.weight')}.bias"
+    consts = [rw.create(bn, "cuvil.const", attrs={"name": add_constant(rw.module, f"{stem}.bn_folded", data)},
+                        result_types=[TensorType(w_value.type.dtype, tuple(data.shape))], loc=p.loc).result
+              for stem, data in [(w_name, new_w), (b_stem, shift.to(w.dtype))]]
+    new = rw.create(bn, p.name, [x, *consts], dict(p.attrs), result_types=[p.result.type], loc=p.loc)
+    rw.replace(bn, new.results)

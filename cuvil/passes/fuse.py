@@ -1,0 +1,250 @@
+"""The `fuse` pass: decides which ops share a kernel, marks them with `fuse.group = <id>`, and
+records every decision (docs/passes.md#fuse).
+
+Groups start as single ops (views and inline constants are not ops of their own here: every kernel
+that reads them recomputes them). A producer's group joins the group of its consumers when
+`can_fuse` allows it (legality); among the candidates, `score` says which joins first (priority):
+GEMM/conv epilogues, then reductions with their prologue and epilogue, then the rest. Every
+candidate left unfused at the end is reported with the rule that refused it.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from ..codegen.grouping import (GROUP_ATTR, groups_from_attrs, groups_from_cores, kernel_ops, kernel_roots,
+                                rematerialize)
+from ..codegen.lower import (INLINE_OPS, REMATERIALIZED, Refusal, fusible_operands, group_legality, needs_memory,
+                             op_kind)
+from ..ir.core import Function, Module, Operation
+from ..ir.printer import value_names
+from .base import ModulePass
+from .registry import register_pass
+
+
+@register_pass
+@dataclass(frozen=True)
+class FusePass(ModulePass):
+    """Group ops into kernels (fusion) and record every group and refused candidate.
+
+    Options: `max-ops` (most ops in one kernel, views not counted), `epilogue` (fuse elementwise
+    epilogues into GEMM/conv kernels), `reductions` (fuse reductions with their prologue and
+    epilogue). Statistics: groups, fused-ops, refused, and `fusion` (the decisions as JSON)."""
+    name = "fuse"
+    priority = 200
+    requires = frozenset({"verified"})
+    max_ops: int = 64
+    epilogue: bool = True
+    reductions: bool = True
+
+    def run(self, module: Module) -> dict:
+        groups, refused = [], []
+        for fn in module.functions.values():
+            fusion = Fusion(fn, self)
+            fusion.plan()
+            g, r = fusion.mark(first_id=len(groups))
+            groups += g
+            refused += r
+        multi = [g for g in groups if g["kind"] != "single"]
+        return {"groups": len(multi), "fused-ops": sum(g["size"] for g in multi), "refused": len(refused),
+                "fusion": {"options": self.options(), "groups": groups, "refused": refused}}
+
+
+def fusion_groups(fn: Function, options: FusePass | None = None) -> list[list[Operation]]:
+    """The kernels the fuse pass would form for `fn`, without marking it."""
+    fusion = Fusion(fn, options or FusePass())
+    fusion.plan()
+    return groups_from_cores(fn, fusion.cores())
+
+
+# ----------------------------------------------------------------------------- the decisions
+
+
+class Group:
+    """Ops fused so far. Only the root (the last op) has uses outside the group: a producer joins
+    a group only when all its readers are in it, so groups never read each other in a cycle."""
+    __slots__ = ("ops", "root")
+
+    def __init__(self, op: Operation):
+        self.ops = [op]
+        self.root = op
+
+
+def score(producer: Group, consumer: Group) -> int:
+    """Priority of `producer` joining `consumer` (higher first): a GEMM's or convolution's
+    epilogue 3, a reduction's prologue or epilogue 2, anything else 1."""
+    kinds = {op_kind(op) for op in producer.ops}
+    if kinds & {"library", "window"}:
+        return 3
+    if "reduction" in kinds | {op_kind(op) for op in consumer.ops}:
+        return 2
+    return 1
+
+
+class Fusion:
+    """The fusion decisions for one function under the options of a FusePass."""
+
+    def __init__(self, fn: Function, options: FusePass):
+        self.fn, self.options = fn, options
+        self.order = {id(op): i for i, op in enumerate(fn.ops)}
+        self.names = value_names(fn)
+        core = kernel_roots(fn)
+        self.group_of: dict[int, Group] = {id(op): Group(op) for op in core}
+        self.readers: dict[int, list[Operation]] = {}          # op -> ops that compute it in their kernel
+        self.escape: dict[int, str | None] = {}                # op -> why its result must be in memory
+        self.memory_readers: dict[int, list[tuple[Operation, Refusal]]] = {}   # op -> (reader, why), GEMM-style
+        self.producers: dict[int, list[Operation]] = {id(op): [] for op in core}
+        for op in core:
+            self._trace_uses(op)
+        for op in core:
+            for r in self.readers[id(op)]:
+                self.producers[id(r)].append(op)
+
+    def _trace_uses(self, p: Operation) -> None:
+        """Who reads p's result: the ops that compute it in their kernel (following views, which
+        their readers recompute), those that read it from memory, and why it must be in memory."""
+        readers, memory, escape = [], [], None
+        stack = [(r, u, None) for r in p.results for u in r.uses]
+        seen = set()
+        while stack:
+            v, u, view = stack.pop()
+            if (id(v), id(u)) in seen:
+                continue
+            seen.add((id(v), id(u)))
+            fusible = any(o is v for o in fusible_operands(u))
+            if view is not None and (u.name == "cuvil.return" or not fusible):
+                continue            # reads the view's buffer, which the view's own kernel writes
+            if u.name == "cuvil.return":
+                escape = escape or f"{self.value(p)} is returned"
+            elif not fusible:
+                memory.append((u, self._memory_read(p, u)))
+                escape = escape or f"{self.value(p)} is also read from memory by {u.name}"
+            else:
+                if (op_kind(u) not in REMATERIALIZED or needs_memory(u)) and u not in readers:
+                    readers.append(u)
+                if op_kind(u) in REMATERIALIZED:
+                    stack.extend((r, w, u) for r in u.results for w in r.uses)
+        self.readers[id(p)] = readers
+        self.memory_readers[id(p)] = memory
+        self.escape[id(p)] = escape
+
+    def _memory_read(self, p: Operation, reader: Operation) -> Refusal:
+        kind = op_kind(reader)
+        if kind == "unsupported":
+            return Refusal("lowering", f"{reader.name} has no native lowering")
+        what = "a GEMM-based op's operand" if kind == "library" else "a gather's table"
+        return Refusal("memory-operand", f"{reader.name} reads {self.value(p)} from memory ({what})")
+
+    def value(self, op: Operation) -> str:
+        return "%" + self.names[op.results[0]] if op.results else op.name
+
+    # -- legality
+    def consumer_group(self, p: Operation) -> Group | None:
+        """The one group all readers of p are in, or None."""
+        groups = {id(self.group_of[id(r)]): self.group_of[id(r)] for r in self.readers[id(p)]}
+        return next(iter(groups.values())) if len(groups) == 1 else None
+
+    def can_fuse(self, producer: Group, consumer: Group) -> Refusal | None:
+        """None when `producer` may join `consumer`, else the rule that refuses it and why."""
+        p = producer.root
+        if self.escape[id(p)]:
+            return Refusal("multi-use", self.escape[id(p)])
+        outside = next((r for r in self.readers[id(p)] if self.group_of[id(r)] is not consumer), None)
+        if outside is not None:
+            return Refusal("multi-use", f"{self.value(p)} is also used by {self.value(outside)} ({outside.name}) "
+                                        f"outside the group")
+        kinds = {op_kind(op) for op in producer.ops + consumer.ops}
+        if not self.options.epilogue and "library" in kinds:
+            return Refusal("disabled", "epilogue=false: nothing is fused into GEMM-based kernels")
+        if not self.options.reductions and "reduction" in kinds:
+            return Refusal("disabled", "reductions=false: reductions are not fused with other ops")
+        problem = group_legality(self.fn, rematerialize(self.fn, producer.ops + consumer.ops))
+        if problem is None and len(producer.ops) + len(consumer.ops) > self.options.max_ops:
+            return Refusal("max-ops", f"max-ops={self.options.max_ops} reached (the groups have "
+                                      f"{len(producer.ops)} + {len(consumer.ops)} ops)")
+        return problem
+
+    # -- planning
+    def plan(self) -> None:
+        """Merge groups, best score first, until no candidate is legal."""
+        heap: list = []
+
+        def push(p: Operation) -> None:
+            producer, consumer = self.group_of[id(p)], self.consumer_group(p)
+            if producer.root is p and consumer is not None and not self.escape[id(p)]:
+                heapq.heappush(heap, (-score(producer, consumer), -self.order[id(p)], p.id, p))
+
+        for op in self.fn.ops:
+            if id(op) in self.group_of:
+                push(op)
+        while heap:
+            p = heapq.heappop(heap)[-1]
+            producer, consumer = self.group_of[id(p)], self.consumer_group(p)
+            if producer.root is not p or consumer is None or self.can_fuse(producer, consumer) is not None:
+                continue
+            consumer.ops = sorted(consumer.ops + producer.ops, key=lambda op: self.order[id(op)])
+            for op in producer.ops:
+                self.group_of[id(op)] = consumer
+            push(consumer.root)
+            for op in consumer.ops:
+                for q in self.producers[id(op)]:
+                    push(q)
+
+    def cores(self) -> list[list[Operation]]:
+        """The multi-op groups, as lists of ops in program order."""
+        seen, out = set(), []
+        for g in self.group_of.values():
+            if id(g) not in seen and len(g.ops) > 1:
+                seen.add(id(g))
+                out.append(g.ops)
+        return out
+
+    def refusals(self) -> list[tuple[Operation, Operation, Refusal]]:
+        """(candidate, consumer, why) for every producer left out of a group that reads it."""
+        out = []
+        for op in self.fn.ops:
+            if id(op) not in self.group_of or self.group_of[id(op)].root is not op:
+                continue
+            producer, done = self.group_of[id(op)], set()
+            for r in self.readers[id(op)]:
+                consumer = self.group_of[id(r)]
+                if id(consumer) not in done:
+                    done.add(id(consumer))
+                    out.append((op, r, self.can_fuse(producer, consumer)))
+            out += [(op, reader, why) for reader, why in self.memory_readers[id(op)]]
+        return out
+
+    # -- marking and the decisions' JSON
+    def mark(self, first_id: int) -> tuple[list[dict], list[dict]]:
+        """Set `fuse.group` on the ops of every multi-op group (ids in run order from `first_id`)
+        and return the groups and refusals as the fusion JSON (docs/passes.md#fuse)."""
+        for op in self.fn.ops:
+            op.attrs.pop(GROUP_ATTR, None)
+        for k, core in enumerate(self.cores()):
+            for op in core:
+                op.attrs[GROUP_ATTR] = k
+        kernels = groups_from_attrs(self.fn)
+        group_id = {}
+        groups = []
+        for k, ops in enumerate(kernels, start=first_id):
+            core = kernel_ops(ops)
+            for op in core:
+                if len(core) > 1:
+                    op.attrs[GROUP_ATTR] = k
+                group_id[id(op)] = k
+            groups.append(self._group_json(k, ops, core))
+        refused = [{"group": group_id[id(consumer)], "candidate": self.value(p), "candidate_op": p.id,
+                    "candidate_name": p.name, "consumer": self.value(consumer), "rule": why.rule,
+                    "reason": why.reason}
+                   for p, consumer, why in self.refusals() if why is not None]
+        return groups, refused
+
+    def _group_json(self, k: int, ops: list[Operation], core: list[Operation]) -> dict:
+        kinds = {op_kind(op) for op in core}
+        kind = "single" if len(core) == 1 else next(
+            (name for tag, name in (("library", "gemm-epilogue"), ("reduction", "reduction"), ("window", "window"),
+                                    ("gather", "gather")) if tag in kinds), "elementwise")
+        return {"id": k, "name": f"g{k}", "ops": [op.id for op in ops],
+                "values": ["%" + self.names[r] for op in ops if op.name not in INLINE_OPS for r in op.results],
+                "kind": kind, "root": self.value(core[-1]), "size": len(core),
+                "summary": " + ".join(op.name.split(".", 1)[-1] for op in core)}
