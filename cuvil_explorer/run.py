@@ -125,8 +125,16 @@ def _compile_python(target: Target, pipeline: str, dynamic) -> CellRun:
     imported = _imported(compiled)
     report = compiled.report
     report.name = target.label
-    return CellRun(target, report, compiled, reference="eager PyTorch", constants=dict(imported.module.constants),
+    return CellRun(target, report, compiled, reference="eager PyTorch", constants=_weights(imported),
                    flat_inputs=list(imported.flatten_inputs(*target.args, **target.kwargs)))
+
+
+def _weights(imported: cuvil.frontend.ImportResult) -> dict[str, torch.Tensor]:
+    """The weights the input IR names. The pipeline ran on `imported.module`, whose constants lost
+    those it folded away (batch norms into convolutions), so take them from the exported program."""
+    exported = imported.exported
+    return {name: t.detach() for name, t in {**exported.state_dict, **exported.constants,
+                                             **imported.module.constants}.items()}
 
 
 def _native_failed(compiled: cuvil.CompiledModel) -> bool:

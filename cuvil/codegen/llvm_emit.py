@@ -42,6 +42,11 @@ CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
 # 1x1024x1024); the loops stream B once, at memory speed.
 SMALL_GEMM_MAX_ROWS = 8
 REDUCE_FLAGS = ("reassoc", "contract")
+# Float sums longer than this many elements are summed in blocks of it, the block sums pairwise
+# (`KernelEmitter._pairwise_sum`); PAIRWISE_DEPTH bounds the stack of pending block sums (2**64 blocks).
+SUM_BLOCK = 512
+SUM_LANES = 32      # what LLVM's vector loop sums per iteration here: 8 floats a ymm register, 4 interleaved
+PAIRWISE_DEPTH = 64
 
 
 class ModuleBuilder:
@@ -154,7 +159,8 @@ class KernelEmitter:
             lo, hi = start, self.b.add(start, self.index(s.extent), flags=["nsw"])
         self.counted_loop(s.var, lo, hi, lambda: self.block(s.body))
 
-    def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> None:
+    def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> ir.Instruction:
+        """for var in lo..hi: body(); returns the back-edge branch (for loop metadata)."""
         b = self.b
         pre = b.block
         header = self.fn.append_basic_block(f"{var}.header")
@@ -170,27 +176,139 @@ class KernelEmitter:
         body()
         nxt = b.add(i, ir.Constant(I64, 1), flags=["nsw"])
         i.add_incoming(nxt, b.block)
-        b.branch(header)
+        latch = b.branch(header)
         b.position_at_end(exit_)
+        return latch
 
     def reduce(self, s: Reduce) -> None:
         ty = VALUE_TYPES[s.var.dtype]
-        acc = ir.IRBuilder(self.entry).alloca(ty, name=s.var.name + ".acc")
-        self.b.store(self.expr(s.init), acc)
-        combine = REDUCERS[(s.kind, s.var.dtype.is_float)]
-
-        def nest(level: int) -> None:
-            if level == len(s.loops):
-                self.block(s.body)
-                value = self.expr(s.value)
-                self.b.store(combine(self, self.b.load(acc, typ=ty), value), acc)
-                return
-            r = s.loops[level]
-            lo = self.index(r.start)
-            hi = self.b.add(lo, self.index(r.extent), flags=["nsw"])
-            self.counted_loop(r.var, lo, hi, lambda: nest(level + 1))
-        nest(0)
+        init = self.expr(s.init)
+        if s.kind == "sum" and s.var.dtype.is_float and not _static_at_most(s.loops, SUM_BLOCK):
+            self.scalars[s.var.name] = self._pairwise_sum(s, ty, init)
+            return
+        acc = self._accumulator(ty, s.var.name + ".acc")
+        self.b.store(init, acc)
+        self._reduce_nest(s.loops, lambda: self._accumulate(s, acc, ty))
         self.scalars[s.var.name] = self.b.load(acc, typ=ty, name=s.var.name)
+
+    def _accumulator(self, ty, name: str, count: int | None = None) -> ir.Value:
+        """A stack slot, allocated in `entry` (LLVM promotes scalar ones to phis)."""
+        size = None if count is None else ir.Constant(I64, count)
+        return ir.IRBuilder(self.entry).alloca(ty, size=size, name=name)
+
+    def _reduce_nest(self, loops, innermost: Callable[[], None]) -> None:
+        def nest(level: int) -> None:
+            if level == len(loops):
+                innermost()
+                return
+            r = loops[level]
+            lo = self.index(r.start)
+            self.counted_loop(r.var, lo, self.b.add(lo, self.index(r.extent), flags=["nsw"]), lambda: nest(level + 1))
+        nest(0)
+
+    def _accumulate(self, s: Reduce, acc, ty) -> None:
+        """acc = combine(acc, value) for one iteration (the combine is `reassoc`: it vectorises)."""
+        self.block(s.body)
+        value = self.expr(s.value)
+        self.b.store(REDUCERS[(s.kind, s.var.dtype.is_float)](self, self.b.load(acc, typ=ty), value), acc)
+
+    def _pairwise_sum(self, s: Reduce, ty, init) -> ir.Value:
+        """A float sum in blocks of SUM_BLOCK elements of the innermost loop, the block sums added
+        pairwise. Within a block the combine is `reassoc`, so LLVM sums it in 32 vector lanes
+        (8 wide, 4 interleaved: 16 elements per lane for a full block, like torch's first cascade
+        level); the block sums go onto a binary-counter stack: the k-th block merges with as many
+        stacked sums as k has trailing zero bits, so only sums of equal size are ever added. The
+        error then grows with log2(blocks) instead of the length (a plain vectorised loop: with
+        length/32), at one horizontal add and one stack push per block."""
+        b = self.b
+        stack = self._accumulator(ty, s.var.name + ".stack", PAIRWISE_DEPTH)
+        depth = self._accumulator(I64, s.var.name + ".depth")
+        blocks = self._accumulator(I64, s.var.name + ".blocks")
+        part = self._accumulator(ty, s.var.name + ".part")
+        b.store(ir.Constant(I64, 0), depth)
+        b.store(ir.Constant(I64, 0), blocks)
+        *outer, inner = s.loops
+        size = ir.Constant(I64, SUM_BLOCK)
+
+        def row() -> None:
+            lo = self.index(inner.start)
+            hi = b.add(lo, self.index(inner.extent), flags=["nsw"])
+            count = b.sdiv(b.add(self.index(inner.extent), ir.Constant(I64, SUM_BLOCK - 1), flags=["nsw"]), size)
+
+            def block() -> None:
+                start = b.add(lo, b.mul(self.indices[loop_var(inner.var + ".block")], size, flags=["nsw"]),
+                              flags=["nsw"])
+                end = b.add(start, size, flags=["nsw"])
+                end = b.select(b.icmp_signed("<", end, hi), end, hi)
+                # the vector loop leaves up to SUM_LANES - 1 elements that LLVM would add one by one to
+                # the block's total: sum them apart, so that they meet the total in one addition
+                lanes = ir.Constant(I64, SUM_LANES)
+                cut = b.add(start, b.mul(b.sdiv(b.sub(end, start), lanes), lanes, flags=["nsw"]), flags=["nsw"])
+                b.store(ir.Constant(ty, 0.0), part)
+                self.counted_loop(inner.var, start, cut, lambda: self._accumulate(s, part, ty))
+                main = b.load(part, typ=ty)
+                b.store(ir.Constant(ty, 0.0), part)
+                self.counted_loop(inner.var, cut, end, lambda: self._accumulate(s, part, ty))
+                self._push(stack, depth, blocks, b.fadd(main, b.load(part, typ=ty)))
+            # unrolled, a static number of blocks lets GVN merge the loads of consecutive reductions
+            # over the same row (layer norm) and spill hundreds of vectors: keep it a loop
+            latch = self.counted_loop(inner.var + ".block", ir.Constant(I64, 0), count, block)
+            latch.set_metadata("llvm.loop", _loop_metadata(self.mb.module, "llvm.loop.unroll.disable"))
+        self._reduce_nest(outer, row)
+        return self._sum_stack(stack, b.load(depth, typ=I64), init, s.var.name)
+
+    def _push(self, stack, depth, blocks, value) -> None:
+        """Push a block sum: merge it with the top of the stack once per trailing zero bit of the
+        new block count (sums of 1, 2, 4, ... blocks), then store it on top."""
+        b = self.b
+        k0 = b.add(b.load(blocks, typ=I64), ir.Constant(I64, 1), flags=["nsw"])
+        b.store(k0, blocks)
+        top0 = b.load(depth, typ=I64)
+        pre = b.block
+        header, merge, done = (self.fn.append_basic_block(f"push.{part}") for part in ("header", "merge", "done"))
+        b.branch(header)
+        b.position_at_end(header)
+        k = b.phi(I64)
+        top = b.phi(I64)
+        acc = b.phi(value.type)
+        k.add_incoming(k0, pre)
+        top.add_incoming(top0, pre)
+        acc.add_incoming(value, pre)
+        even = b.icmp_signed("==", b.and_(k, ir.Constant(I64, 1)), ir.Constant(I64, 0))
+        b.cbranch(even, merge, done)
+        b.position_at_end(merge)
+        below = b.sub(top, ir.Constant(I64, 1), flags=["nsw"])
+        merged = b.fadd(b.load(self._slot(stack, below, value.type), typ=value.type), acc)
+        k.add_incoming(b.ashr(k, ir.Constant(I64, 1)), merge)
+        top.add_incoming(below, merge)
+        acc.add_incoming(merged, merge)
+        b.branch(header)
+        b.position_at_end(done)
+        b.store(acc, self._slot(stack, top, value.type))
+        b.store(b.add(top, ir.Constant(I64, 1), flags=["nsw"]), depth)
+
+    def _sum_stack(self, stack, depth, init, name: str) -> ir.Value:
+        """init + the stacked sums, smallest (top) first."""
+        b = self.b
+        pre = b.block
+        header, body, done = (self.fn.append_basic_block(f"{name}.total.{p}") for p in ("header", "body", "done"))
+        b.branch(header)
+        b.position_at_end(header)
+        j = b.phi(I64)
+        total = b.phi(init.type)
+        j.add_incoming(depth, pre)
+        total.add_incoming(init, pre)
+        b.cbranch(b.icmp_signed(">", j, ir.Constant(I64, 0)), body, done)
+        b.position_at_end(body)
+        below = b.sub(j, ir.Constant(I64, 1), flags=["nsw"])
+        j.add_incoming(below, body)
+        total.add_incoming(b.fadd(total, b.load(self._slot(stack, below, init.type), typ=init.type)), body)
+        b.branch(header)
+        b.position_at_end(done)
+        return total
+
+    def _slot(self, stack, i, ty) -> ir.Value:
+        return self.b.gep(stack, [i], inbounds=True, source_etype=ty)
 
     def gemm(self, s: Gemm) -> None:
         """OpenBLAS sgemm, or Cuvil's small-GEMM loops when C has at most SMALL_GEMM_MAX_ROWS rows
@@ -603,6 +721,24 @@ SHARED_OPS: dict[str, Callable] = {
     "xor": lambda em, x, y: em.b.xor(x, y),
     "select": lambda em, c, x, y: em.b.select(c, x, y),
 }
+
+
+def _loop_metadata(module: ir.Module, prop: str) -> ir.values.MDValue:
+    """A loop ID with one property: a fresh node whose first operand is itself."""
+    loop = ir.values.MDValue(module, [], name=str(len(module.metadata)))
+    loop.operands = (loop, module.add_metadata([ir.MetaDataString(module, prop)]))
+    return loop
+
+
+def _static_at_most(loops, n: int) -> bool:
+    """The reduction's loops run at most `n` iterations, known at compile time."""
+    total = 1
+    for r in loops:
+        extent = sympy.sympify(r.extent)
+        if not extent.is_Integer:
+            return False
+        total *= int(extent)
+    return total <= n
 
 
 def _reduce_float(name):

@@ -787,16 +787,38 @@ def _simple(kind):
     return body
 
 
+def _shifted_mean(lw, x, axes, full, full_index, dtype) -> Var:
+    """The mean as `x0 + sum(x - x0) / n`, x0 the first element of the row: on data far from zero
+    (offset by 100, say) the sum of x - x0 stays near zero and rounds far less than the sum of x
+    (which rounds at n times the offset); the mean then rounds once, at its own magnitude.
+    x0 is 0 when it is not finite (inf - inf would make the sum NaN) and for an empty row (whose
+    first element is not read)."""
+    n = _count(full, axes)
+    saved = lw.mask
+    if not (isinstance(n, int) and n > 0):
+        empty = call("gt", Index(n), const(0, DType.i64))
+        lw.mask = empty if saved is None else call("and", saved, empty)
+    first = lw.let(cast(lw.value(x, full_index([0] * len(axes))), dtype), "first")
+    lw.mask = saved
+    zero = const(0.0, dtype)
+    x0 = lw.let(call("select", call("eq", call("sub", first, first), zero), first, zero), "x0")
+    total = _fold(lw, "sum", x, axes, full, full_index, dtype, lambda e: call("sub", e, x0))
+    return lw.let(call("add", x0, call("div", total, _count_expr(full, axes, dtype))), "mean")
+
+
 def _mean(lw, op, axes, full, full_index):
+    """sum / n, like eager (not shifted: where the data is not offset, subtracting x0 only adds a
+    rounding per element, e.g. the second mean of a written-out variance, `mean(d * d)`)."""
     dtype = compute_dtype(op.results[0].type.dtype)
     total = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype)
     return {"result": lw.let(call("div", total, _count_expr(full, axes, dtype)), "mean")}
 
 
 def _mean_and_var(lw, x, axes, full, full_index, dtype, correction):
-    """Two-pass mean and variance (the second pass sums squared deviations: no cancellation)."""
-    total = _fold(lw, "sum", x, axes, full, full_index, dtype)
-    mean = lw.let(call("div", total, _count_expr(full, axes, dtype)), "mean")
+    """Two-pass mean and variance (the second pass sums squared deviations: no cancellation). The
+    mean is shifted: eager's var (fp64 accumulation) and layer_norm (running moments) keep the
+    mean of offset data within about half an ulp, which sum / n does not."""
+    mean = _shifted_mean(lw, x, axes, full, full_index, dtype)
 
     def dev2(e):
         d = lw.let(call("sub", e, mean), "d")

@@ -141,6 +141,15 @@ def test_bisect_names_the_pass_that_changed_the_results(cuvil_cell):
         unregister_pass("test-double-literals")
 
 
+def test_bisect_after_batch_norms_were_folded(cnn):
+    """fold-batchnorm replaces the weights of the convolutions: the bisection still has the originals."""
+    cnn.panels["pipeline"].bisect.click()
+    result = cnn.run.bisection
+    (fold,) = [c for c in result.checks if c["spec"] == "fold-batchnorm"]
+    assert fold["changed"] and fold["max_abs_err"] is not None and fold["max_abs_err"] < 1e-4
+    assert result.culprit is None and "No pass changed the results" in cnn.panels["pipeline"].bisection.value
+
+
 def test_native_failure_falls_back_to_the_interpreter(cuvil_cell, monkeypatch):
     import cuvil.compiler
 

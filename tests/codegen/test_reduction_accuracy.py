@@ -1,0 +1,87 @@
+"""Accuracy of Cuvil's float reductions on long rows: sum, mean, var, softmax, layer_norm and a
+variance written out as `mean((x - mean(x))**2)` (one fused kernel), over rows of 1 to 100,000
+elements of data offset from zero, for 40 seeds each.
+
+The rule (issue #3, DESIGN.md): a reduction's error against an fp64 reference may be at most twice
+eager fp32's own error on the same input. The floor added to that bound is one fp32 ulp of the
+result's largest magnitude: a sum or mean is rounded to fp32 at least once (a variance twice: the
+sum of squares, then its quotient), so eager may be exact by luck where any order of summation
+is off by that rounding. A plain vectorised loop (32 lanes each summing length/32 elements) breaks
+the rule here from about 30,000 elements on; Cuvil sums in blocks added pairwise
+(`llvm_emit.KernelEmitter._pairwise_sum`)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuvil.compiler import compile_module
+from cuvil.ir import Builder, DType, Function, Module, TensorType, sym, verify
+
+LENGTHS = [1, 2, 7, 100, 513, 4096, 30000, 100000]
+SEEDS = range(40)
+ROWS = 3
+ULP = 2.0 ** -23
+
+
+def _mean(b, x):
+    return b("cuvil.mean", x, dims=[1], keepdim=True)
+
+
+def _decomposed_var(b, x):
+    d = b("cuvil.sub", x, _mean(b, x))
+    return _mean(b, b("cuvil.mul", d, d))
+
+
+def _eager_decomposed_var(x):
+    d = x - x.mean(1, keepdim=True)
+    return (d * d).mean(1, keepdim=True)
+
+
+# name: (graph builder, eager function, shortest row, data = randn * scale + offset, constant rows too)
+CASES = {
+    "sum": (lambda b, x: b("cuvil.sum", x, dims=[1]), lambda x: x.sum(1), 1, (1.0, 100.0), True),
+    "mean": (_mean, lambda x: x.mean(1, keepdim=True), 1, (1.0, 100.0), True),
+    "var": (lambda b, x: b("cuvil.var", x, dims=[1]), lambda x: x.var(1), 2, (1.0, 100.0), False),
+    "softmax": (lambda b, x: b("cuvil.softmax", x, dim=1), lambda x: torch.softmax(x, 1), 1, (4.0, 100.0), True),
+    "layer_norm": (lambda b, x: b("cuvil.layer_norm", x, normalized_ndim=1), lambda x: F.layer_norm(x, x.shape[-1:]),
+                   1, (1.0, 100.0), False),
+    "decomposed_var": (_decomposed_var, _eager_decomposed_var, 1, (1.0, 100.0), False),
+}
+
+
+def compiled_case(build):
+    fn = Function("forward", [TensorType(DType.f32, (sym("s0"), sym("s1")))], ["x"],
+                  {"s0": (1, 8), "s1": (1, max(LENGTHS))})
+    b = Builder(fn)
+    b.create("cuvil.return", [build(b, fn.args[0])])
+    m = Module()
+    m.add_function(fn)
+    verify(m)
+    return compile_module(m, pipeline="verify,fuse", cache=None, details=False)
+
+
+def inputs(length, seed, scale, offset, constant):
+    if seed == 0 and constant:      # a sequential fp32 sum of 0.1s drifts far from length * 0.1
+        return torch.full((ROWS, length), 0.1)
+    return torch.randn(ROWS, length, generator=torch.Generator().manual_seed(seed)) * scale + offset
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_reduction_error_is_within_twice_eager_error(name):
+    build, eager_fn, shortest, (scale, offset), constant = CASES[name]
+    compiled = compiled_case(build)
+    assert len(compiled.native.lowered) == 1            # the whole reduction is one kernel
+    failures, checked = [], 0
+    for length in (n for n in LENGTHS if n >= shortest):
+        for seed in SEEDS:
+            x = inputs(length, seed, scale, offset, constant)
+            (out,) = compiled.native(x)
+            ref = eager_fn(x.double())
+            eager_err = (eager_fn(x).double() - ref).abs().max().item()
+            err = (out.double() - ref).abs().max().item()
+            bound = 2 * eager_err + ULP * ref.abs().max().item()
+            checked += 1
+            if not err <= bound:
+                failures.append(f"length {length} seed {seed}: error {err:.3g} > {bound:.3g} "
+                                f"(eager's {eager_err:.3g})")
+    assert checked >= 40 * 7
+    assert not failures, f"{len(failures)} of {checked} inputs:\n" + "\n".join(failures[:10])
