@@ -79,7 +79,12 @@ class Target:
 @functools.cache
 def _host() -> Target:
     init_llvm()
-    return Target(llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" in features.split(","):
+        # LLVM keeps to 256-bit vectors on AVX-512 CPUs unless told otherwise (old parts lowered their
+        # clock for 512-bit code); Cuvil's kernels are long vector loops, which gain from the width
+        features += ",-prefer-256-bit"
+    return Target(llvm.get_process_triple(), llvm.get_host_cpu_name(), features)
 
 
 CROSS_TARGETS = {

@@ -104,6 +104,14 @@ def test_elementwise_inner_loop_uses_ymm_registers():
     assert re.search(r"fadd <\d+ x float>", ir)              # the vectoriser's work, before instruction selection
 
 
+def test_avx512_hosts_get_512_bit_vectors():
+    host = Target.host()
+    if not host.has_feature("avx512f"):
+        pytest.skip(f"host CPU {host.cpu} has no AVX-512")
+    asm = compile_kernels(parse_kernels(ADD_RELU), cache=None).asm("add_relu")
+    assert re.search(r"vaddps\s+[^\n]*%zmm", asm), asm
+
+
 @pytest.mark.parametrize("arch, vector_insn", [("aarch64", r"fmax\s+v\d+\.4s"), ("riscv64", r"vf(max|add)\.v")])
 def test_cross_targets_emit_objects_and_vector_assembly(arch, vector_insn):
     target = Target.cross(arch)
