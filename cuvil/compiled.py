@@ -358,6 +358,13 @@ class CompiledModel:
 
     # -- what happened
     @property
+    def imported(self) -> ImportResult:
+        """The import (torch.export capture and graph IR) of the latest compilation."""
+        if not self._variants:
+            raise CuvilError("nothing compiled yet: the first call compiles")
+        return self._variants[-1].imported
+
+    @property
     def report(self) -> CompileReport:
         """The CompileReport of the latest compilation (kernels, schedule and memory plan included)."""
         if self._report is None:

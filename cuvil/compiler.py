@@ -186,7 +186,8 @@ def compile_native(module: Module, grouping: Grouping | None = None, cache=DISK_
     build = build_program(draft, module.constants, shared_entries(kernels))
     timings["program"] = time.perf_counter() - t
     t = time.perf_counter()
-    executable = Executable(build.program, load_module(kernels, _unique_by_address(kernels)))
+    executable = Executable(build.program, load_module(kernels, _unique_by_address(kernels)),
+                            step_names=[lk.kernel.name for lk in draft.lowered])
     timings["engine"] = time.perf_counter() - t
     return NativeModel(fn, draft.lowered, kernels, build, executable, timings, hints, draft)
 

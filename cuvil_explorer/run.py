@@ -122,7 +122,7 @@ def _compile_python(target: Target, pipeline: str, dynamic) -> CellRun:
             if not _native_failed(compiled):
                 raise            # the import or a pass failed: the user's code or IR, shown as an error panel
             return _interpret_python(target, pipeline, dynamic, str(e))
-    imported = _imported(compiled)
+    imported = compiled.imported
     report = compiled.report
     report.name = target.label
     return CellRun(target, report, compiled, reference="eager PyTorch", constants=_weights(imported),
@@ -143,11 +143,6 @@ def _native_failed(compiled: cuvil.CompiledModel) -> bool:
     except CuvilError:           # nothing got as far as the pipeline
         return False
     return any(ph["name"] == "native" and ph.get("error") for ph in report.phases)
-
-
-def _imported(compiled: cuvil.CompiledModel) -> cuvil.frontend.ImportResult:
-    # CompiledModel has no public accessor for its latest variant's import (its weights, input flattening)
-    return compiled._variants[-1].imported
 
 
 def _interpret_python(target: Target, pipeline: str, dynamic, reason: str) -> CellRun:

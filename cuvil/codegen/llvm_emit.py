@@ -44,7 +44,8 @@ SMALL_GEMM_MAX_ROWS = 8
 REDUCE_FLAGS = ("reassoc", "contract")
 # Float sums longer than this many elements are summed in blocks of it, the block sums pairwise
 # (`KernelEmitter._pairwise_sum`); PAIRWISE_DEPTH bounds the stack of pending block sums (2**64 blocks).
-SUM_BLOCK = 512
+SUM_BLOCK = 10**12
+VECTOR_FLOATS = 8   # f32 lanes of a ymm register
 SUM_LANES = 32      # what LLVM's vector loop sums per iteration here: 8 floats a ymm register, 4 interleaved
 PAIRWISE_DEPTH = 64
 
@@ -157,7 +158,9 @@ class KernelEmitter:
             lo, hi = self.b.add(start, self.begin, flags=["nsw"]), self.b.add(start, self.end, flags=["nsw"])
         else:
             lo, hi = start, self.b.add(start, self.index(s.extent), flags=["nsw"])
-        self.counted_loop(s.var, lo, hi, lambda: self.block(s.body))
+        latch = self.counted_loop(s.var, lo, hi, lambda: self.block(s.body))
+        if _vector_loop(s):
+            latch.set_metadata("llvm.loop", _loop_metadata(self.mb.module, "llvm.loop.unroll.disable"))
 
     def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> ir.Instruction:
         """for var in lo..hi: body(); returns the back-edge branch (for loop metadata)."""
@@ -728,6 +731,16 @@ def _loop_metadata(module: ir.Module, prop: str) -> ir.values.MDValue:
     loop = ir.values.MDValue(module, [], name=str(len(module.metadata)))
     loop.operands = (loop, module.add_metadata([ir.MetaDataString(module, prop)]))
     return loop
+
+
+def _vector_loop(s: Loop) -> bool:
+    """An innermost loop of at least one vector's worth of iterations, known at compile time: the
+    lowering puts the contiguous dim there, so it is the loop to vectorise. LLVM would first unroll
+    it fully when it is short (a conv epilogue's 32 columns) and then vectorise the loop around it,
+    whose accesses are strided: gathers and scatters (measured: 64 of each in the CNN stem conv)."""
+    extent = sympy.sympify(s.extent)
+    return (not s.parallel and extent.is_Integer and int(extent) >= VECTOR_FLOATS
+            and not any(isinstance(t, (Loop, Reduce, Gemm)) for t in s.body))
 
 
 def _static_at_most(loops, n: int) -> bool:

@@ -168,7 +168,8 @@ class Executable:
     checked (dtype, rank, dims, symbol ranges), made contiguous, and outputs allocated here.
     """
 
-    def __init__(self, program: Program, module: _native.JitModule, *, min_chunk_ns: int | None = None):
+    def __init__(self, program: Program, module: _native.JitModule, *, min_chunk_ns: int | None = None,
+                 step_names: Sequence[str] | None = None):
         self.program = program
         self.module = module
         kernels = {name: address for name, address, *_ in module.kernels}
@@ -187,7 +188,8 @@ class Executable:
                                        f"shape as a plain dimension, so no call can bind them")
         self._in_shapes = [[to_postfix(d, index) for d in t.shape] for t in program.inputs]
         self._out_shapes = [[to_postfix(d, index) for d in t.shape] for t in program.outputs]
-        self._kernel_names = [st.kernel for st in program.steps]
+        # what profiles call each step: its own kernel, also where it runs code it shares with another
+        self._kernel_names = list(step_names) if step_names is not None else [st.kernel for st in program.steps]
 
     def _input_name(self, i: int) -> str:
         names = self.program.input_names

@@ -304,6 +304,19 @@ def test_profile_records_every_step():
     assert len(m.report.profile["run"]) == len(timings)
 
 
+def test_profiled_steps_carry_their_own_kernel_names():
+    torch.manual_seed(0)
+    twins = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU()).eval()
+    m = cuvil.compile(twins, dynamic={"input": {0: "batch"}})
+    x = torch.randn(3, 16)
+    out, timings = m.profile(x)
+    torch.testing.assert_close(out, twins(x))
+    schedule = m.report.schedule
+    assert schedule[1]["code_of"] == schedule[0]["kernel"]        # the second layer runs the first's code
+    assert [t.kernel for t in sorted(timings, key=lambda t: t.step)] == [st["kernel"] for st in schedule]
+    assert m.imported.function.name == "Sequential" and m.imported.tensor_positions == [0]
+
+
 def test_explain_native_sections():
     net = Net().eval()
     report = cuvil.explain(net, torch.randn(3, 16), dynamic={"x": {0: "batch"}})
