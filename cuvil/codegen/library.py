@@ -29,7 +29,7 @@ from .index_math import bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
 from .scalar_ops import call, cast, const
 
-ROW_TILE = 64           # output rows per parallel GEMM tile (linear, folded matmul)
+ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
 COL_TILE = 256          # output columns per tile, for outputs at least twice as wide
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16

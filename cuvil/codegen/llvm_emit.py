@@ -11,7 +11,8 @@ Each kernel becomes two functions:
 Loop variables are phis; reduction accumulators are allocas that LLVM promotes to phis. Float
 arithmetic is plain IEEE except the combine step of reductions, which carries `reassoc contract`
 so LLVM may vectorise and reorder the sum (Cuvil's reductions are compared against an fp64
-reference, not bit-for-bit against eager). Scalar functions come from two tables, `FLOAT_OPS` and
+reference, not bit-for-bit against eager); long float sums are blocked and the blocks added
+pairwise (`KernelEmitter._pairwise_sum`, docs/codegen.md#llvm-emission). Scalar functions come from two tables, `FLOAT_OPS` and
 `INT_OPS` (one small emitter per function); exp/log/tanh/erf/sigmoid/sin/cos/pow are Cuvil's own
 branch-free implementations in `mathlib`.
 """
@@ -44,9 +45,11 @@ SMALL_GEMM_MAX_ROWS = 8
 REDUCE_FLAGS = ("reassoc", "contract")
 # Float sums longer than this many elements are summed in blocks of it, the block sums pairwise
 # (`KernelEmitter._pairwise_sum`); PAIRWISE_DEPTH bounds the stack of pending block sums (2**64 blocks).
-SUM_BLOCK = 10**12
-VECTOR_FLOATS = 8   # f32 lanes of a ymm register
-SUM_LANES = 32      # what LLVM's vector loop sums per iteration here: 8 floats a ymm register, 4 interleaved
+SUM_BLOCK = 256
+VECTOR_FLOATS = 8   # f32 lanes of a ymm register (16 in a zmm)
+# A multiple of what LLVM's vector loop sums per iteration: 4 interleaved registers of 8 (ymm) or 16
+# (zmm, when the target allows 512-bit vectors) floats
+SUM_LANES = 64
 PAIRWISE_DEPTH = 64
 
 
@@ -217,12 +220,12 @@ class KernelEmitter:
 
     def _pairwise_sum(self, s: Reduce, ty, init) -> ir.Value:
         """A float sum in blocks of SUM_BLOCK elements of the innermost loop, the block sums added
-        pairwise. Within a block the combine is `reassoc`, so LLVM sums it in 32 vector lanes
-        (8 wide, 4 interleaved: 16 elements per lane for a full block, like torch's first cascade
-        level); the block sums go onto a binary-counter stack: the k-th block merges with as many
-        stacked sums as k has trailing zero bits, so only sums of equal size are ever added. The
-        error then grows with log2(blocks) instead of the length (a plain vectorised loop: with
-        length/32), at one horizontal add and one stack push per block."""
+        pairwise. Within a block the combine is `reassoc`, so LLVM sums it in 32 or 64 vector lanes
+        (4 interleaved ymm or zmm registers: 8 or 4 elements per lane, cf. the 16 of torch's first
+        cascade level); the block sums go onto a binary-counter stack: the k-th block merges with as
+        many stacked sums as k has trailing zero bits, so only sums of equal size are ever added.
+        The error then grows with log2(blocks) instead of the length (a plain vectorised loop: with
+        length / lanes), at one horizontal add and one stack push per block."""
         b = self.b
         stack = self._accumulator(ty, s.var.name + ".stack", PAIRWISE_DEPTH)
         depth = self._accumulator(I64, s.var.name + ".depth")

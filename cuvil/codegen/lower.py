@@ -790,18 +790,15 @@ def _simple(kind):
 def _shifted_mean(lw, x, axes, full, full_index, dtype) -> Var:
     """The mean as `x0 + sum(x - x0) / n`, x0 the first element of the row: on data far from zero
     (offset by 100, say) the sum of x - x0 stays near zero and rounds far less than the sum of x
-    (which rounds at n times the offset); the mean then rounds once, at its own magnitude.
-    x0 is 0 when it is not finite (inf - inf would make the sum NaN) and for an empty row (whose
-    first element is not read)."""
+    (which rounds at n times the offset); the mean then rounds once, at its own magnitude. An
+    empty row reads no element (x0 is 0). A row with an inf or NaN gives NaN either way."""
     n = _count(full, axes)
     saved = lw.mask
     if not (isinstance(n, int) and n > 0):
-        empty = call("gt", Index(n), const(0, DType.i64))
-        lw.mask = empty if saved is None else call("and", saved, empty)
-    first = lw.let(cast(lw.value(x, full_index([0] * len(axes))), dtype), "first")
+        nonempty = call("gt", Index(n), const(0, DType.i64))
+        lw.mask = nonempty if saved is None else call("and", saved, nonempty)
+    x0 = lw.let(cast(lw.value(x, full_index([0] * len(axes))), dtype), "x0")
     lw.mask = saved
-    zero = const(0.0, dtype)
-    x0 = lw.let(call("select", call("eq", call("sub", first, first), zero), first, zero), "x0")
     total = _fold(lw, "sum", x, axes, full, full_index, dtype, lambda e: call("sub", e, x0))
     return lw.let(call("add", x0, call("div", total, _count_expr(full, axes, dtype))), "mean")
 

@@ -1,0 +1,95 @@
+"""How close Cuvil's GEMM-bound steps come to this machine's sgemm peak (`make bench` runs it).
+
+The peak is OpenBLAS's own `sgemm` (the library Cuvil calls, one thread) on a large square
+product, best of several runs. Each case is a `Linear` layer compiled with `cuvil.compile` (bias
+and activation fused into the GEMM's epilogue); its step time comes from the runtime's per-step
+timestamps (`compiled.profile`), median of many calls, and its rate is 2*M*N*K flops over that
+time. Results go to `gemm_efficiency.json` next to the suite's results.
+
+    python -m benchmarks.gemm_efficiency [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import cuvil
+from cuvil.runtime import blas, set_num_threads
+
+PEAK_SIZE = 1024
+# (label, batch rows M, in features K, out features N): the suite's GEMM shapes
+CASES = [("MLP b64 fc2", 64, 1024, 1024), ("MLP b64 fc1", 64, 512, 1024),
+         ("BERT-small s128 FFN up", 128, 256, 1024), ("BERT-small s128 QKV", 128, 256, 768),
+         ("square 512", 512, 512, 512)]
+
+
+def sgemm_peak_gflops(n: int = PEAK_SIZE, repeats: int = 7) -> float:
+    """OpenBLAS sgemm on n x n x n, one thread, best of `repeats` (GFLOP/s)."""
+    a, b, c = (torch.randn(n, n) for _ in range(3))
+    fn = blas.library().scipy_cblas_sgemm
+    f32, i32 = ctypes.c_float, ctypes.c_int
+    args = (i32(blas.ROW_MAJOR), i32(blas.NO_TRANS), i32(blas.NO_TRANS), i32(n), i32(n), i32(n), f32(1.0),
+            ctypes.c_void_p(a.data_ptr()), i32(n), ctypes.c_void_p(b.data_ptr()), i32(n), f32(0.0),
+            ctypes.c_void_p(c.data_ptr()), i32(n))
+    fn(*args)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - t)
+    torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-3)
+    return 2 * n ** 3 / best / 1e9
+
+
+def gemm_step_gflops(m: int, k: int, n: int, calls: int = 60) -> tuple[float, float]:
+    """(GFLOP/s of the GEMM step of a compiled Linear+ReLU at M x K -> N, its median step time in µs)."""
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(k, n), nn.ReLU()).eval()
+    x = torch.randn(m, k)
+    compiled = cuvil.compile(layer)
+    torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
+    gemm_steps = {st["step"] for st in compiled.report.schedule
+                  if any(op["name"] == "cuvil.linear" for op in _kernel(compiled, st["kernel"])["ops"])}
+    times = []
+    for _ in range(calls):
+        _, timings = compiled.profile(x)
+        spans = [t for t in timings if t.step in gemm_steps]
+        times.append((max(t.end_ns for t in spans) - min(t.start_ns for t in spans)) / 1e3)
+    us = statistics.median(times)
+    return 2 * m * n * k / (us * 1e-6) / 1e9, us
+
+
+def _kernel(compiled, name: str) -> dict:
+    return next(k for k in compiled.report.kernels if k["name"] == name)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    set_num_threads(1)
+    peak = sgemm_peak_gflops()
+    rows = []
+    for label, m, k, n in CASES:
+        gflops, us = gemm_step_gflops(m, k, n)
+        rows.append({"case": label, "m": m, "k": k, "n": n, "step_us": round(us, 1), "gflops": round(gflops, 1),
+                     "fraction_of_peak": round(gflops / peak, 3)})
+        print(f"{label:24s} {m}x{k}->{n}: {us:8.1f} µs  {gflops:6.1f} GFLOP/s  {gflops / peak:6.1%} of peak")
+    result = {"sgemm_peak_gflops": round(peak, 1), "peak_size": PEAK_SIZE, "threads": 1, "cases": rows}
+    print(f"sgemm peak (OpenBLAS, {PEAK_SIZE}^3, 1 thread): {peak:.1f} GFLOP/s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm_efficiency.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

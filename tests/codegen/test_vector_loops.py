@@ -1,0 +1,42 @@
+"""Cuvil's innermost loops are its vector loops: the lowering puts the contiguous dim innermost,
+and the emitter keeps LLVM from unrolling a short one fully (which would make the strided loop
+around it the one LLVM vectorises, with gathers and scatters). The kernel is the CNN stem's
+conv2d + bias + relu (after fold-batchnorm) as the lowering makes it: an im2col fill whose rows are
+32 masked loads, a GEMM, and an epilogue over 32-column rows."""
+import re
+
+from cuvil.codegen.jit import compile_kernels
+from cuvil.codegen.kernel_text import parse_kernels
+
+STEM = """
+kernel @stem(%x: in f32[s0, 3, 32, 32], %w: in f32[16, 3, 3, 3], %bias: in f32[16], %y: out f32[s0, 16, 32, 32], %col: scratch f32[4*s0, 27, 256]) dims(s0) {
+  parallel for p in 0..4*s0 {
+    for c in 0..3 {
+      for kh in 0..3 {
+        for kw in 0..3 {
+          for rr in 0..min(8, -8*(p % 4) + 32) {
+            for ow in 0..32 {
+              %col[p, 9*c + 3*kh + kw, ow + 32*rr] = masked(%x[p//4, c, kh + rr + 8*(p % 4) - 1, kw + ow - 1], and(and(ge(index(kh + rr + 8*(p % 4) - 1), 0:i64), lt(index(kh + rr + 8*(p % 4) - 1), index(32))), and(ge(index(kw + ow - 1), 0:i64), lt(index(kw + ow - 1), index(32)))), 0.0:f32)
+            }
+          }
+        }
+      }
+    }
+    gemm c=%y[256*(p % 4) + 16384*(p//4)], a=%w[0], b=%col[6912*p], m=16, n=32*min(8, -8*(p % 4) + 32), k=27, lda=27, ldb=256, ldc=1024, trans_a=false, trans_b=false, alpha=1.0, beta=0.0
+    for e1 in 0..16 {
+      for e2 in 0..min(8, -8*(p % 4) + 32) {
+        for e3 in 0..32 {
+          %y[p//4, e1, e2 + 8*(p % 4), e3] = max(add(%y[p//4, e1, e2 + 8*(p % 4), e3], %bias[e1]), 0.0:f32)
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def test_conv_fill_and_epilogue_vectorise_along_contiguous_columns_without_gathers():
+    asm = compile_kernels(parse_kernels(STEM), cache=None).asm("stem")
+    assert not re.search(r"gather|scatter", asm, re.I), "a strided loop was vectorised (gathers/scatters)"
+    assert re.search(r"vmaxps\s+[^\n]*%[yz]mm", asm)              # the epilogue's relu, 8 or 16 lanes at a time
+    assert re.search(r"vmovups\s+%[yz]mm\d+, [^\n]*\(", asm)       # contiguous vector stores
