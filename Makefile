@@ -54,3 +54,4 @@ test: sysdeps venv
 
 bench: venv
 	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.gemm_efficiency

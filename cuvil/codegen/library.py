@@ -431,13 +431,19 @@ def sdpa(lw, op):
                     else:
                         s = call("add", s, cast(m, DType.f32))
                 return s if keep is None else call("select", keep, s, Const(-math.inf, DType.f32))
-            top = lw.reduce("max", [("j", 0, S)], lambda jv: logit(jv[0]), DType.f32)
+            read = logit
+            if op.attrs["is_causal"] or mask is not None:
+                # mask the row in place first: a masked select inside the max reduction becomes a
+                # conditional update that LLVM does not vectorise
+                lw.loop("j", S, lambda j: lw.emit(Store(scores, [p, r, j], logit(j))))
+                read = lambda j: Load(scores, [p, r, j])   # noqa: E731
+            top = lw.reduce("max", [("j", 0, S)], lambda jv: read(jv[0]), DType.f32)
             # A fully masked row (max = -inf) attends to nothing: torch gives zeros, not NaN.
             zero = const(0.0, DType.f32)
             top = lw.let(call("select", call("eq", top, Const(-math.inf, DType.f32)), zero, top), "top")
 
             def unnormalised(jv):   # exp(logit - max), kept in the scores row for the scaling pass
-                e = lw.let(call("exp", call("sub", logit(jv[0]), top)), "e")
+                e = lw.let(call("exp", call("sub", read(jv[0]), top)), "e")
                 lw.emit(Store(scores, [p, r, jv[0]], e))
                 return e
             total = lw.reduce("sum", [("j", 0, S)], unnormalised, DType.f32)
