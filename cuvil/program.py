@@ -95,6 +95,7 @@ class ProgramDraft:
 
     def __post_init__(self):
         self.names = value_names(self.fn)
+        self._costs: dict[str, Any] = {}
         self._analyse()
 
     # -- dataflow
@@ -140,13 +141,18 @@ class ProgramDraft:
         return [{self.producer[key] for key, buf in zip(keys, lk.kernel.buffers) if buf.role == "in"
                  and key in self.producer} - {k} for k, (lk, keys) in enumerate(zip(self.lowered, self.keys))]
 
+    def iteration_cost(self, kernel: Kernel) -> Any:
+        """`iteration_cost_ns` of `kernel`, worked out once (the schedule and the splits both ask)."""
+        if kernel.name not in self._costs:
+            self._costs[kernel.name] = iteration_cost_ns(kernel, set(self.fn.symbols))
+        return self._costs[kernel.name]
+
     def cost_ns(self) -> list[int]:
         """Each step's estimated time at the hint sizes."""
-        symbols = set(self.fn.symbols)
         out = []
         for lk in self.lowered:
             loop = lk.kernel.parallel_loop
-            per = iteration_cost_ns(lk.kernel, symbols)
+            per = self.iteration_cost(lk.kernel)
             out.append(self.hint(norm_dim(per * loop.extent)) if loop is not None else self.hint(per))
         return out
 
@@ -288,7 +294,7 @@ def build_program(draft: ProgramDraft, constants: dict[str, torch.Tensor],
         kernel = lk.kernel
         split = None
         if kernel.parallel_loop is not None:
-            split = Split(len(kernel.dim_exprs) - 1, _cost_expr(kernel, symbols, draft.hint))
+            split = Split(len(kernel.dim_exprs) - 1, _cost_expr(draft.iteration_cost(kernel), symbols, draft.hint))
         steps.append(Step(entry.get(kernel.name, kernel.name), [slot_of[key] for key in keys],
                           list(kernel.dim_exprs), sorted(deps), priority, split))
     program = Program([a.type for a in fn.args], [v.type for v in fn.return_op.operands], slots, steps,
@@ -307,9 +313,9 @@ def _constant(constants: dict[str, torch.Tensor], v: Value) -> torch.Tensor:
     return t.contiguous()
 
 
-def _cost_expr(kernel: Kernel, symbols: set[str], hint: Sizes):
+def _cost_expr(cost, symbols: set[str], hint: Sizes):
+    """A split's per-iteration cost as the runtime will evaluate it."""
     from .runtime.exprs import to_postfix
-    cost = iteration_cost_ns(kernel, symbols)
     try:
         to_postfix(cost, {s: i for i, s in enumerate(symbols)})
         return cost

@@ -223,13 +223,18 @@ def _epilogue(lw, region):
 
 
 def _decompose(lw, flat, shape):
-    """Indices into `shape` of a flat row-major position."""
+    """Indices into `shape` of a flat row-major position (below the product of `shape`, so the
+    first index needs no `% d`; proving such bounds on symbolic extents is slow)."""
     out, stride = [], sympy.Integer(1)
     for d in shape:
         stride = stride * d
-    for d in shape:
+    for k, d in enumerate(shape):
         stride = stride / d
-        out.append(modulo(floor_div(flat, stride, lw.known), d, lw.known))
+        if d == 1:
+            out.append(sympy.Integer(0))
+            continue
+        q = flat if stride == 1 else floor_div(flat, stride, lw.known)
+        out.append(q if k == 0 else modulo(q, d, lw.known))
     return out
 
 

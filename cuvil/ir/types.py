@@ -6,6 +6,7 @@ symbols (`s0`, `s1`, ...). Ranges of the symbols live on the function (`symbols 
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass
 from typing import Union
@@ -149,7 +150,16 @@ def dims_equal(a: Dim, b: Dim) -> bool:
         return True
     if isinstance(a, int) and isinstance(b, int):
         return False
-    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+    return _symbolic_dims_equal(sympy.sympify(a), sympy.sympify(b))
+
+
+@functools.lru_cache(maxsize=4096)
+def _symbolic_dims_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
+    # passes compare the same few dims over and over; `simplify` is slow, so try `expand` first
+    diff = sympy.expand(a - b)
+    if diff.is_Number:
+        return diff == 0
+    return sympy.simplify(diff) == 0
 
 
 @dataclass(frozen=True)
