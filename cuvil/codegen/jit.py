@@ -50,7 +50,8 @@ class CompiledKernels:
     addresses: dict[str, int] = field(default_factory=dict)   # kernel name -> address (host only)
     object_code: bytes = b""
     _tracker: object = None
-    _asm_text: str | None = None
+    _ir_functions: dict[str, str] | None = None
+    _asm_functions: dict[str, str] | None = None
 
     def address(self, kernel_name: str) -> int:
         try:
@@ -74,28 +75,32 @@ class CompiledKernels:
 
     def llvm_ir(self, name: str) -> str:
         """The optimised LLVM IR of the kernel's entry function (the body is inlined into it)."""
-        return _function_text(self.llvm_ir_text, self.symbols[name])
+        if self._ir_functions is None:
+            self._ir_functions = _split(LLVM_FUNCTION, self.llvm_ir_text)
+        return _function(self._ir_functions, self.symbols[name], "module")
 
     def asm(self, name: str) -> str:
-        if self._asm_text is None:
+        if self._asm_functions is None:
             with _llvm_lock:
                 mod = llvm.parse_assembly(self.llvm_ir_text)
-                self._asm_text = self.target.target_machine().emit_assembly(mod)
-        return _asm_function(self._asm_text, self.symbols[name])
+                self._asm_functions = _split(ASM_FUNCTION, self.target.target_machine().emit_assembly(mod))
+        return _function(self._asm_functions, self.symbols[name], "assembly")
 
 
-def _function_text(module_ir: str, symbol: str) -> str:
-    m = re.search(rf'^define [^\n]*@"?{re.escape(symbol)}"?\(.*?^}}$', module_ir, re.M | re.S)
-    if m is None:
-        raise CuvilError(f"function {symbol} is not in the module")
-    return m.group(0) + "\n"
+# one function of the optimised module / of its assembly, by symbol (split once, looked up per kernel)
+LLVM_FUNCTION = re.compile(r'^define [^\n]*@"?([\w.$]+)"?\(.*?^}$', re.M | re.S)
+ASM_FUNCTION = re.compile(r'^"?([A-Za-z_][\w.$]*)"?:.*?^\.Lfunc_end\d+:', re.M | re.S)   # not .L labels
 
 
-def _asm_function(asm: str, symbol: str) -> str:
-    m = re.search(rf'^"?{re.escape(symbol)}"?:.*?^\.Lfunc_end\d+:', asm, re.M | re.S)
-    if m is None:
-        raise CuvilError(f"function {symbol} is not in the assembly")
-    return m.group(0) + "\n"
+def _split(pattern: re.Pattern, text: str) -> dict[str, str]:
+    return {m.group(1): m.group(0) + "\n" for m in pattern.finditer(text)}
+
+
+def _function(functions: dict[str, str], symbol: str, where: str) -> str:
+    try:
+        return functions[symbol]
+    except KeyError:
+        raise CuvilError(f"function {symbol} is not in the {where}") from None
 
 
 def build_module(kernels, symbols: dict[str, str], target: Target) -> llvm.ModuleRef:
