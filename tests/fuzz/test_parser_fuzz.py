@@ -270,7 +270,7 @@ BOMBS = {
                      "  cuvil.return %x : tensor<4xf32>\n}\n",
     "many ops": HEAD + "".join(f"  %{i} = cuvil.relu %x : tensor<4xf32> -> tensor<4xf32>\n" for i in range(5000))
                 + TAIL,
-    "many functions": "".join(f"cuvil.func @f{i}() -> () {{\n  cuvil.return\n}}\n" for i in range(5000)),
+    "many functions": "".join(f"cuvil.func @f{i}() -> () {{\n  cuvil.return\n}}\n" for i in range(2000)),
     "NUL bytes": "\x00" * 1000,
     "CR only": HEAD.replace("\n", "\r") + TAIL.replace("\n", "\r"),
     "BOM then text": "\ufeff" + HEAD + TAIL,
