@@ -55,3 +55,4 @@ test: sysdeps venv
 bench: venv
 	$(PY) -m benchmarks.run
 	$(PY) -m benchmarks.gemm_efficiency
+	$(PY) -m benchmarks.explorer_cell

@@ -1,0 +1,56 @@
+"""Wall time of a `%%cuvil` cell on BERT-small (dynamic batch and sequence): cold, then unchanged.
+
+Cold: a fresh process whose earlier "cells" only imported and built the model, with an empty
+object cache, so the cell captures, runs every pass, compiles to native code, builds the report
+and its panels, runs the model natively and against eager, and profiles one run. Unchanged: the
+same cell again, which the explorer's cell cache answers. `make bench` runs it; results go to
+`explorer_cell.json` next to the suite's results.
+
+    python -m benchmarks.explorer_cell [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+CELL_LINE = "--dynamic m.dynamic --ranges m.ranges"
+CELL = "m.model(*m.example_inputs)"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args(argv)
+    os.environ["CUVIL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cuvil-cell-")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import cuvil_explorer.magic as magic
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "cuvil_explorer")
+    shell.run_cell("from cuvil import zoo\nm = zoo.get('bert_small')")
+    result = {"model": "bert_small", "load_average": os.getloadavg()[0]}
+    for run in ("cold", "unchanged"):
+        shown: list = []
+        t = time.perf_counter()
+        with mock.patch.object(magic, "display", shown.append):
+            shell.run_cell_magic("cuvil", CELL_LINE, CELL)
+        result[f"{run}_s"] = round(time.perf_counter() - t, 3)
+        if shell.user_ns["_cuvil_error"] is not None:
+            raise SystemExit(f"the cell failed: {shell.user_ns['_cuvil_error']}")
+        if run == "cold":
+            result["phases_s"] = {p["name"]: round(p["time_s"], 3) for p in shell.user_ns["_cuvil_report"].phases}
+    print(f"%%cuvil on BERT-small: cold {result['cold_s']:.2f} s, unchanged {result['unchanged_s']:.2f} s "
+          f"(load average {result['load_average']:.2f}); phases {result['phases_s']}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "explorer_cell.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
