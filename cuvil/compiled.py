@@ -36,6 +36,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from .codegen.grouping import grouping_for
+from .codegen.target import CROSS_TARGETS, Target
 from .compiler import Compilation, compile_module, pipeline_for, symbol_sizes
 from .errors import CuvilError
 from .frontend import ImportResult, import_model
@@ -54,6 +55,7 @@ FALLBACKS = ("error", "eager")
 @dataclass(frozen=True)
 class CompileOptions:
     backend: str = "llvm"                 # the code generator; LLVM (host CPU) is the one there is
+    target: str = "host"                  # "host", or a cross target whose code is generated, not run
     enable_fusion: Any = True             # True: fused groups; False: one kernel per op; or a grouping
     pipeline: str = "O2"                  # the pass pipeline (O0-O3 or a pipeline string)
     disable_passes: tuple = ()            # passes of the pipeline switched off, by name
@@ -75,6 +77,9 @@ class CompileOptions:
         opts = CompileOptions(**options)
         if opts.backend not in BACKENDS:
             raise CuvilError(f"cuvil.compile: unknown backend {opts.backend!r}; available: {', '.join(BACKENDS)}")
+        if opts.target != "host" and opts.target not in CROSS_TARGETS:
+            raise CuvilError(f"cuvil.compile: unknown target {opts.target!r}; available: host, "
+                             f"{', '.join(CROSS_TARGETS)}")
         if opts.fallback not in FALLBACKS:
             raise CuvilError(f"cuvil.compile: fallback must be one of {', '.join(map(repr, FALLBACKS))}, "
                              f"not {opts.fallback!r}")
@@ -93,7 +98,8 @@ class CompileOptions:
 def compile(target: Callable | None = None, /, **options) -> "CompiledModel | Callable[[Callable], CompiledModel]":
     """Compile a function or `nn.Module`; `@cuvil.compile` and `@cuvil.compile(option=...)` both work.
 
-    Options: backend ("llvm"), enable_fusion (True/False), pipeline ("O2"), disable_passes, dynamic
+    Options: backend ("llvm"), target ("host", or "aarch64"/"riscv64"/"x86_64": code to read, not
+    run), enable_fusion (True/False), pipeline ("O2"), disable_passes, dynamic
     (`{"x": {0: "batch"}}` or one dict per positional input), ranges (`{"batch": (1, 64)}`),
     threads, fallback ("error" or "eager"), cache, max_recompiles."""
     opts = CompileOptions.of(options)
@@ -261,10 +267,14 @@ class Variant:
         program = self.native.program
         index = {s: i for i, s in enumerate(program.symbols)}
         self._outputs = [([to_postfix(d, index) for d in t.shape], t.dtype.torch) for t in program.outputs]
-        self._engine = self.native.executable.engine
+        self._engine = self.native.executable.engine if self.native.executable is not None else None
         self._detailed = False
 
     def run(self, tensors, symbols: list[int]):
+        if self._engine is None:
+            target = self.native.kernels.target
+            raise CuvilError(f"compiled for {target} (target='{target.arch}'): the code is in compiled.report, but "
+                             f"it cannot run on this machine; compile with target='host' to run it")
         inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
         outputs = [torch.empty([evaluate(d, symbols) for d in shape], dtype=dtype) for shape, dtype in self._outputs]
         self._engine.run([(x.data_ptr(), x.nbytes) for x in inputs], [(y.data_ptr(), y.nbytes) for y in outputs],
@@ -503,7 +513,8 @@ class CompiledModel:
         compilation = compile_module(imported.module, pipeline=self.options.passes(), name=self._name(),
                                      grouping=grouping_for(self.options.enable_fusion),
                                      cache="disk" if self.options.cache else None, hint_sizes=sizes,
-                                     phases=phases, raise_errors=False, details=False)
+                                     phases=phases, raise_errors=False, details=False,
+                                     target=None if self.options.target == "host" else Target.cross(self.options.target))
         self._report = compilation.report
         if compilation.error is not None:
             raise compilation.error

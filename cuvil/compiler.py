@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from .codegen.jit import DISK_CACHE, CompiledKernels, compile_kernels
+from .codegen.target import Target
 from .codegen.grouping import Grouping, grouping_for, kernel_ops
 from .codegen.lower import LoweredKernel, kernel_name, lower_group
 from .errors import CuvilError
@@ -102,7 +103,7 @@ class NativeModel:
     lowered: list[LoweredKernel]
     kernels: CompiledKernels
     build: ProgramBuild
-    executable: Executable
+    executable: Executable | None        # None: compiled for another machine (a cross target)
     timings: dict[str, float]
     hint_sizes: dict[str, int]
     draft: ProgramDraft             # the program as the program passes left it (`draft.text()`)
@@ -112,6 +113,9 @@ class NativeModel:
         return self.build.program
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.executable is None:
+            raise CuvilError(f"this model was compiled for {self.kernels.target}; it cannot run on this machine "
+                             f"({Target.host()}): compile it for the host to run it")
         return self.executable(*inputs)
 
     # -- the report's native sections
@@ -162,10 +166,12 @@ class NativeModel:
 
 def compile_native(module: Module, grouping: Grouping | None = None, cache=DISK_CACHE,
                    hint_sizes: dict[str, int] | None = None, timings: dict[str, float] | None = None,
-                   manager: PassManager | None = None, records: list | None = None) -> NativeModel:
+                   manager: PassManager | None = None, records: list | None = None,
+                   target: Target | None = None) -> NativeModel:
     """Lower, compile and load the main function of `module` (after its graph passes ran); then run
     `manager`'s program passes (schedule, plan-memory) on the program, appending their records to
-    `records`. `hint_sizes`: symbol values the planner compares sizes at (default: the upper bounds)."""
+    `records`. `hint_sizes`: symbol values the planner compares sizes at (default: the upper bounds).
+    For a cross `target` the code is generated but not loaded: the model has no executable."""
     fn = module.main
     timings = timings if timings is not None else {}
     hints = {s: hi for s, (lo, hi) in fn.symbols.items()}
@@ -175,7 +181,7 @@ def compile_native(module: Module, grouping: Grouping | None = None, cache=DISK_
     groups = (grouping or grouping_for(True))(fn)
     lowered = [lower_group(fn, g, kernel_name(fn, i, g)) for i, g in enumerate(groups)]
     timings["lowering"] = time.perf_counter() - t
-    kernels = compile_kernels([lk.kernel for lk in lowered], cache=cache, timings=timings)
+    kernels = compile_kernels([lk.kernel for lk in lowered], target=target, cache=cache, timings=timings)
     timings.update(kernels.timings)
     t = time.perf_counter()
     draft = ProgramDraft(fn, lowered, Sizes(hints), anchors_us=latency_anchors(lowered))
@@ -185,10 +191,12 @@ def compile_native(module: Module, grouping: Grouping | None = None, cache=DISK_
             records += ran
     build = build_program(draft, module.constants, shared_entries(kernels))
     timings["program"] = time.perf_counter() - t
-    t = time.perf_counter()
-    executable = Executable(build.program, load_module(kernels, _unique_by_address(kernels)),
-                            step_names=[lk.kernel.name for lk in draft.lowered])
-    timings["engine"] = time.perf_counter() - t
+    executable = None
+    if kernels.target.is_host:
+        t = time.perf_counter()
+        executable = Executable(build.program, load_module(kernels, _unique_by_address(kernels)),
+                                step_names=[lk.kernel.name for lk in draft.lowered])
+        timings["engine"] = time.perf_counter() - t
     return NativeModel(fn, draft.lowered, kernels, build, executable, timings, hints, draft)
 
 
@@ -227,13 +235,14 @@ class Compilation:
 def compile_module(module: Module, *, pipeline: str = "O1", name: str = "", native: bool = True,
                    grouping: Grouping | None = None, cache=DISK_CACHE, hint_sizes: dict[str, int] | None = None,
                    phases: list[dict] | None = None, raise_errors: bool = True, details: bool = True,
-                   instruments: Sequence[Instrument] = ()) -> Compilation:
+                   instruments: Sequence[Instrument] = (), target: Target | None = None) -> Compilation:
     """Run `pipeline` on `module` (every pass snapshotted and verified, plus `instruments`), then
     compile it natively.
 
     With `raise_errors=False` a native compile that fails with a CuvilError leaves `native` None
     and the reason in `error` and in the report's phases. `details=False` leaves the report's
-    kernels/schedule/memory for `NativeModel.fill_report` (the assembly takes a while)."""
+    kernels/schedule/memory for `NativeModel.fill_report` (the assembly takes a while). A cross
+    `target` (`Target.cross("aarch64")`) generates that machine's code, for the report only."""
     phases = list(phases or [])
     input_ir = print_module(module)
     t = time.perf_counter()
@@ -248,7 +257,8 @@ def compile_module(module: Module, *, pipeline: str = "O1", name: str = "", nati
     if native:
         timings: dict[str, float] = {}
         try:
-            out.native = compile_native(module, grouping, cache, hint_sizes, timings, manager, program_records)
+            out.native = compile_native(module, grouping, cache, hint_sizes, timings, manager, program_records,
+                                        target)
         except CuvilError as e:
             if raise_errors:
                 raise

@@ -17,6 +17,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import HTML, display
 
 import cuvil
+from cuvil.codegen.target import CROSS_TARGETS
 from cuvil.explain import DEFAULT_PIPELINE
 
 from .cache import CellCache, cell_key
@@ -40,6 +41,9 @@ class CuvilMagics(Magics):
               help=f"the pass pipeline, e.g. 'canonicalize,cse' (default: {DEFAULT_PIPELINE})")
     @argument("--panels", default="", metavar="LIST", help="panels to show, e.g. 'pipeline,graph' (default: all)")
     @argument("--no-run", action="store_true", help="compile only; do not run the compiled model")
+    @argument("--target", default="host", choices=("host", *CROSS_TARGETS), metavar="ARCH",
+              help="the machine to generate code for: host (default), or aarch64, riscv64 or x86_64 (AVX2), "
+                   "whose code is shown but not run")
     @argument("--ir", action="store_true", help="the cell is textual Cuvil IR (detected when it starts with cuvil.func)")
     @argument("--name", default=None, metavar="EXPR", help="the model or function to compile")
     @argument("--inputs", default=None, metavar="EXPR", help="example inputs: a tensor, a tuple or a dict")
@@ -88,7 +92,7 @@ class CuvilMagics(Magics):
             target = discover(cell, ns, filename, name=args.name, inputs=args.inputs, ranges=args.ranges,
                               force_ir=args.ir)
             dynamic = evaluate(args.dynamic, ns, "--dynamic") if args.dynamic else None
-            run = compile_target(target, args.passes, dynamic, run=not args.no_run)
+            run = compile_target(target, args.passes, dynamic, run=not args.no_run, machine=args.target)
             self.cache.put(key, run, keepalive)
         if args.html:
             run.report.save_html(args.html)

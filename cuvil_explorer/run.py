@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 
 import cuvil
 from cuvil import CompileReport, CuvilError
+from cuvil.codegen.target import Target as CodeTarget
 from cuvil.compiler import NativeModel, compile_module
 from cuvil.ir.interpreter import random_constants
 from cuvil.passes import random_inputs
@@ -105,15 +106,22 @@ class CellRun:
         return self.bisection
 
 
-def compile_target(target: Target, pipeline: str, dynamic=None, run: bool = True) -> CellRun:
-    out = _compile_ir(target, pipeline) if target.is_ir else _compile_python(target, pipeline, dynamic)
-    if run:
+def compile_target(target: Target, pipeline: str, dynamic=None, run: bool = True, machine: str = "host") -> CellRun:
+    """`machine`: "host", or a cross target (`cuvil.codegen.target.CROSS_TARGETS`) whose code is
+    generated and shown but not run."""
+    if target.is_ir:
+        out = _compile_ir(target, pipeline, machine)
+    else:
+        out = _compile_python(target, pipeline, dynamic, machine)
+    if machine != "host":
+        out.note = f"compiled for {machine}: the code is shown, not run on this machine"
+    elif run:
         _run(out)
     return out
 
 
-def _compile_python(target: Target, pipeline: str, dynamic) -> CellRun:
-    compiled = cuvil.compile(target.fn, pipeline=pipeline, dynamic=dynamic, ranges=target.ranges)
+def _compile_python(target: Target, pipeline: str, dynamic, machine: str) -> CellRun:
+    compiled = cuvil.compile(target.fn, pipeline=pipeline, dynamic=dynamic, ranges=target.ranges, target=machine)
     with warnings.catch_warnings():   # torch.export's own deprecation notices are not the user's business
         warnings.simplefilter("ignore", FutureWarning)
         try:
@@ -158,12 +166,13 @@ def _interpret_python(target: Target, pipeline: str, dynamic, reason: str) -> Ce
                    flat_inputs=list(imported.flatten_inputs(*target.args, **target.kwargs)))
 
 
-def _compile_ir(target: Target, pipeline: str) -> CellRun:
+def _compile_ir(target: Target, pipeline: str, machine: str) -> CellRun:
     module = cuvil.parse(target.ir_text, filename=target.filename)
     constants = random_constants(module)
     inputs = list(target.args) or random_inputs(module, None, 0, {})
     module.constants.update(constants)
-    compilation = compile_module(module, pipeline=pipeline, name=module.main.name, raise_errors=False)
+    compilation = compile_module(module, pipeline=pipeline, name=module.main.name, raise_errors=False,
+                                 target=None if machine == "host" else CodeTarget.cross(machine))
     reference = "the input IR (random constants)"
     if compilation.native is None:
         reason = str(compilation.error)

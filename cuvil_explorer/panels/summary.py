@@ -32,6 +32,8 @@ class SummaryPanel(Panel):
         extra = [("Cell", cell)]
         if run.engine != "native":
             cell.append(("runs on", f'<span class="cv-warn">the reference interpreter: {html.escape(run.note)}</span>'))
+        elif run.note:
+            cell.append(("target", html.escape(run.note)))
         if run.result is not None:
             extra.append(("Run", [("result", html.escape(_describe(run.result))),
                                   (f"max abs error vs {run.reference}", f"{run.max_abs_err:.3g}")]))

@@ -183,6 +183,20 @@ def test_no_run_panels_and_html_options(cuvil_cell, tmp_path):
     assert path.read_text().startswith("<!DOCTYPE html>")
 
 
+@pytest.mark.parametrize("body", [FOLDABLE, FOLDABLE_IR], ids=["python", "ir"])
+def test_target_option_shows_another_machines_code_without_running_it(cuvil_cell, body):
+    out = cuvil_cell("--target aarch64 --panels code,summary", body)
+    ex = out.explorer
+    assert out.bound["_cuvil_result"] is None and ex.run.result is None
+    asm = "".join(k["asm"] for k in ex.run.report.kernels)
+    assert re.search(r"\bv\d+\.4s\b", asm), asm             # NEON registers: AArch64 code
+    assert "compiled for aarch64" in ex.panels["summary"].widget.value
+
+
+def test_an_unknown_target_is_an_option_error(cuvil_cell):
+    assert "sparc" in cuvil_cell("--target sparc", FOLDABLE).error.message
+
+
 def test_a_panel_is_one_small_class(cuvil_cell):
     from cuvil_explorer.panels import _PANELS, Panel, register_panel
 

@@ -1,6 +1,7 @@
 """`cuvil.compile`: the decorator forms, options, dynamic dims from annotations, guards and
 recompiles, outputs that alias inputs or weights, unsupported ops, eager fallback, threads, and the
 report's native sections."""
+import re
 import threading
 import warnings
 
@@ -315,6 +316,21 @@ def test_profiled_steps_carry_their_own_kernel_names():
     assert schedule[1]["code_of"] == schedule[0]["kernel"]        # the second layer runs the first's code
     assert [t.kernel for t in sorted(timings, key=lambda t: t.step)] == [st["kernel"] for st in schedule]
     assert m.imported.function.name == "Sequential" and m.imported.tensor_positions == [0]
+
+
+@pytest.mark.parametrize("arch, vector_insn", [("aarch64", r"fmax\s+v\d+\.4s"), ("riscv64", r"vfmax\.v")])
+def test_cross_target_compiles_code_to_read_not_run(arch, vector_insn):
+    m = cuvil.compile(Net().eval(), target=arch)
+    x = torch.randn(3, 16)
+    m.compile_for(x)
+    report = m.report
+    assert len(report.kernels) == 2 and report.memory["arena_bytes"] > 0
+    asm = "".join(k["asm"] for k in report.kernels)
+    assert re.search(vector_insn, asm), asm          # the relu epilogue, vectorised for that machine
+    with pytest.raises(cuvil.CuvilError, match=f"compiled for {arch}.*cannot run on this machine"):
+        m(x)
+    with pytest.raises(cuvil.CuvilError, match="unknown target 'sparc'"):
+        cuvil.compile(Net(), target="sparc")
 
 
 def test_explain_native_sections():
