@@ -514,7 +514,8 @@ class CompiledModel:
                                      grouping=grouping_for(self.options.enable_fusion),
                                      cache="disk" if self.options.cache else None, hint_sizes=sizes,
                                      phases=phases, raise_errors=False, details=False,
-                                     target=None if self.options.target == "host" else Target.cross(self.options.target))
+                                     target=None if self.options.target == "host"
+                                     else Target.cross(self.options.target))
         self._report = compilation.report
         if compilation.error is not None:
             raise compilation.error

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import torch
 
 from .codegen.grouping import grouping_for
+from .codegen.target import Target
 from .compiler import compile_module, pipeline_for, symbol_sizes
 from .frontend import ImportResult, import_model
 from .ir import Module, parse
@@ -19,13 +20,15 @@ DEFAULT_PIPELINE = "O2"
 
 def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DEFAULT_PIPELINE,
             dynamic=None, ranges=None, name: str | None = None, instruments: Sequence[Instrument] = (),
-            native: bool = True, enable_fusion: Any = True, disable_passes: Sequence[str] = ()) -> CompileReport:
+            native: bool = True, enable_fusion: Any = True, disable_passes: Sequence[str] = (),
+            target: str = "host") -> CompileReport:
     """Compile `fn_or_module` (an `nn.Module`, a function, a cuvil `Module` or IR text) and report
     what every pass did: IR before and after, time, changed or not, statistics.
 
     With `native` (the default) the result of the pipeline is also compiled to native kernels, and
     the report gains the kernels (ops, source lines, kernel IR, LLVM IR, assembly), the schedule and
-    the memory plan. When Cuvil cannot compile the model natively, those sections stay empty and
+    the memory plan (for `target`: "host", or a cross target such as "aarch64", whose code is
+    generated but not run). When Cuvil cannot compile the model natively, those sections stay empty and
     `report.phases` ends with a "native" entry holding the reason.
 
         report = cuvil.explain(model, x, dynamic={"x": {0: "batch"}})
@@ -37,9 +40,11 @@ def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DE
         module, sizes, import_s = imported.module, _example_sizes(imported), imported.time_s
     else:
         module, sizes, import_s = imported, {}, time.perf_counter() - t0
-    return compile_module(module, pipeline=pipeline_for(pipeline, disable_passes, enable_fusion), name=name or _name_of(fn_or_module), native=native,
-                          grouping=grouping_for(enable_fusion), hint_sizes=sizes, instruments=instruments,
-                          phases=[{"name": "import", "time_s": import_s}], raise_errors=False).report
+    return compile_module(module, pipeline=pipeline_for(pipeline, disable_passes, enable_fusion),
+                          name=name or _name_of(fn_or_module), native=native, grouping=grouping_for(enable_fusion),
+                          hint_sizes=sizes, instruments=instruments,
+                          phases=[{"name": "import", "time_s": import_s}], raise_errors=False,
+                          target=None if target == "host" else Target.cross(target)).report
 
 
 def _to_module(obj, example_inputs, dynamic, ranges) -> Module | ImportResult:
