@@ -11,12 +11,13 @@ same cell again, which the explorer's cell cache answers. `make bench` runs it; 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 from unittest import mock
+
+from .report import write_json
 
 CELL_LINE = "--dynamic m.dynamic --ranges m.ranges"
 CELL = "m.model(*m.example_inputs)"
@@ -46,9 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
             result["phases_s"] = {p["name"]: round(p["time_s"], 3) for p in shell.user_ns["_cuvil_report"].phases}
     print(f"%%cuvil on BERT-small: cold {result['cold_s']:.2f} s, unchanged {result['unchanged_s']:.2f} s "
           f"(load average {result['load_average']:.2f}); phases {result['phases_s']}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "explorer_cell.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(result, args.out, "explorer_cell")
     return result
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,8 @@ from torch import nn
 
 import cuvil
 from cuvil.runtime import blas, set_num_threads
+
+from .report import write_json
 
 PEAK_SIZE = 1024
 # (label, batch rows M, in features K, out features N): the suite's GEMM shapes
@@ -85,9 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{label:24s} {m}x{k}->{n}: {us:8.1f} µs  {gflops:6.1f} GFLOP/s  {gflops / peak:6.1%} of peak")
     result = {"sgemm_peak_gflops": round(peak, 1), "peak_size": PEAK_SIZE, "threads": 1, "cases": rows}
     print(f"sgemm peak (OpenBLAS, {PEAK_SIZE}^3, 1 thread): {peak:.1f} GFLOP/s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm_efficiency.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(result, args.out, "gemm_efficiency")
     return result
 
 

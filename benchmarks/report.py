@@ -223,8 +223,15 @@ def render_markdown(results: dict) -> str:
 
 
 def write_results(results: dict, out: Path, stem: str) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
-    json_path.write_text(json.dumps(results, indent=1) + "\n")
+    json_path, md_path = write_json(results, out, stem), out / f"{stem}.md"
     md_path.write_text(render_markdown(results))
     return json_path, md_path
+
+
+def write_json(results: dict, out: Path | str, stem: str) -> Path:
+    """`out/stem.json` (the folder made if needed)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return path
