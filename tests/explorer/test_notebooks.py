@@ -55,10 +55,15 @@ def fusion(tmp_path_factory):
     return execute("05_fusion.ipynb", tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def writing_a_pass(tmp_path_factory):
+    return execute("06_writing_a_pass.ipynb", tmp_path_factory)
+
+
 def test_every_notebook_is_tested():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == [
         "01_quickstart.ipynb", "02_pass_pipeline.ipynb", "03_codegen_and_profile.ipynb", "04_memory_planning.ipynb",
-        "05_fusion.ipynb"]
+        "05_fusion.ipynb", "06_writing_a_pass.ipynb"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -181,19 +186,33 @@ def test_pass_pipeline_custom_pipeline(pass_pipeline):
     assert tab["titles"] == ["Pipeline", "Summary"]
 
 
-def test_pass_pipeline_user_pass(pass_pipeline):
-    widgets = Widgets(pass_pipeline)
-    models = widgets.of_cell(cell_starting(pass_pipeline, "%%cuvil --passes O1,add-self-to-mul"))
-    assert pass_list(models) == O1 + ["add-self-to-mul"]
+USER_PIPELINE = ["verify", "shape-infer", "canonicalize", "cse", "add-self-to-mul", "dce", "fuse"]
+
+
+def test_writing_a_pass_function_pass(writing_a_pass):
+    no_errors(writing_a_pass)      # the option error of the last %%cuvil is a panel, not a Python error
+    widgets = Widgets(writing_a_pass)
+    models = widgets.of_cell(cell_starting(writing_a_pass, "%%cuvil --passes verify,shape-infer,canonicalize,cse,add"))
+    assert pass_list(models) == USER_PIPELINE
     (select,) = [m for m in named(models, "SelectModel") if not m["description"]]
-    assert select["_options_labels"][-1].split()[1] == "●"   # it changed the IR
-    out = stdout(cell_starting(pass_pipeline, "record = "))
+    assert select["_options_labels"][USER_PIPELINE.index("add-self-to-mul")].split()[1] == "●"   # it changed the IR
+    out = stdout(cell_starting(writing_a_pass, "record = "))
     assert "add-self-to-mul changed: True {'rewritten': 1}" in out
     assert float(re.search(r"max abs error vs eager: (\S+)", out)[1]) <= 1e-6
     ir = out[out.index("cuvil.func"):]
     # x + x became x * 2.0: a mul by a 2.0 literal, and no add of a value to itself
     assert re.search(r"cuvil\.literal \{value = 2\.0, dtype = f32\}", ir) and "cuvil.mul" in ir
     assert not re.search(r"cuvil\.add (%\w+), \1 ", ir)
+
+
+def test_writing_a_pass_dataclass_pass_and_option_error(writing_a_pass):
+    widgets = Widgets(writing_a_pass)
+    models = widgets.of_cell(cell_starting(writing_a_pass, "%%cuvil --passes O1,count-ops{op="))
+    assert pass_list(models) == O1 + ["count-ops{op=cuvil.relu}"]
+    out = stdout(cell_starting(writing_a_pass, "counted = "))
+    assert "count-ops{op=cuvil.relu} changed: False {'count': 1}" in out     # one relu left after CSE
+    assert "unknown option 'opp' for pass 'count-ops' (did you mean 'op'?" in stdout(
+        cell_starting(writing_a_pass, "print(_cuvil_error"))
 
 
 def test_notebooks_are_saved_without_outputs():
