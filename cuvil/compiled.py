@@ -57,8 +57,9 @@ class CompileOptions:
     backend: str = "llvm"                 # the code generator; LLVM (host CPU) is the one there is
     target: str = "host"                  # "host", or a cross target whose code is generated, not run
     enable_fusion: Any = True             # True: fused groups; False: one kernel per op; or a grouping
-    pipeline: str = "O2"                  # the pass pipeline (O0-O3 or a pipeline string)
+    pipeline: str = "O3"                  # the pass pipeline (O0-O3 or a pipeline string)
     disable_passes: tuple = ()            # passes of the pipeline switched off, by name
+    precision: str = "fp32"               # "bf16"/"fp16": torch.autocast's numerics (mixed-precision)
     dynamic: Any = None                   # dynamic dims, as `import_model` takes them
     ranges: dict | None = None            # {"batch": (1, 64)}
     threads: int | None = None            # the engine's thread pool size (process-wide)
@@ -92,14 +93,15 @@ class CompileOptions:
         return opts
 
     def passes(self) -> Pipeline:
-        return pipeline_for(self.pipeline, self.disable_passes, self.enable_fusion)
+        return pipeline_for(self.pipeline, self.disable_passes, self.enable_fusion, self.precision)
 
 
 def compile(target: Callable | None = None, /, **options) -> "CompiledModel | Callable[[Callable], CompiledModel]":
     """Compile a function or `nn.Module`; `@cuvil.compile` and `@cuvil.compile(option=...)` both work.
 
     Options: backend ("llvm"), target ("host", or "aarch64"/"riscv64"/"x86_64": code to read, not
-    run), enable_fusion (True/False), pipeline ("O2"), disable_passes, dynamic
+    run), enable_fusion (True/False), pipeline ("O3"), disable_passes, precision ("fp32"; "bf16" or
+    "fp16" give torch.autocast's numerics, rounding where it would compute in low precision), dynamic
     (`{"x": {0: "batch"}}` or one dict per positional input), ranges (`{"batch": (1, 64)}`),
     threads, fallback ("error" or "eager"), cache, max_recompiles."""
     opts = CompileOptions.of(options)
@@ -146,6 +148,8 @@ class Guard:
                     derived.append((axis, to_postfix(d, index)))
             checks.append(_TensorCheck(a.type.dtype.torch, a.type.rank, tuple(static), tuple(bind), tuple(derived)))
         self.checks = checks
+        self.static_shapes = None if self.symbols else [
+            (c.dtype, torch.Size([n for _, n in c.static])) for c in checks]
         tensors = set(self.tensor_positions)
         self.constants = {i: v for i, v in enumerate(example_leaves) if i not in tensors}
         # the common case, a flat tuple of tensors: no pytree walk per call
@@ -168,10 +172,16 @@ class Guard:
             if leaves is None or any(not _same_constant(leaves[i], v) for i, v in self.constants.items()):
                 return None
             tensors = [leaves[i] for i in self.tensor_positions]
+        if self.static_shapes is not None:     # no symbols: compare whole shapes
+            for x, (dtype, shape) in zip(tensors, self.static_shapes):
+                if not isinstance(x, torch.Tensor) or x.dtype is not dtype or x.shape != shape \
+                        or not x.is_cpu or x.layout is not torch.strided:
+                    return None
+            return tensors, []
         values = [0] * len(self.symbols)
         for x, c in zip(tensors, self.checks):
-            if not isinstance(x, torch.Tensor) or x.dtype != c.dtype or x.dim() != c.rank \
-                    or x.device.type != "cpu" or x.layout != torch.strided:
+            if not isinstance(x, torch.Tensor) or x.dtype is not c.dtype or x.dim() != c.rank \
+                    or not x.is_cpu or x.layout is not torch.strided:
                 return None
             shape = x.shape
             for axis, n in c.static:
@@ -267,6 +277,8 @@ class Variant:
         program = self.native.program
         index = {s: i for i, s in enumerate(program.symbols)}
         self._outputs = [([to_postfix(d, index) for d in t.shape], t.dtype.torch) for t in program.outputs]
+        self._static_outputs = None if program.symbols else [
+            ([evaluate(d, []) for d in shape], dtype) for shape, dtype in self._outputs]
         self._engine = self.native.executable.engine if self.native.executable is not None else None
         self._detailed = False
 
@@ -276,7 +288,10 @@ class Variant:
             raise CuvilError(f"compiled for {target} (target='{target.arch}'): the code is in compiled.report, but "
                              f"it cannot run on this machine; compile with target='host' to run it")
         inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
-        outputs = [torch.empty([evaluate(d, symbols) for d in shape], dtype=dtype) for shape, dtype in self._outputs]
+        if self._static_outputs is not None:
+            outputs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._static_outputs]
+        else:
+            outputs = [torch.empty([evaluate(d, symbols) for d in shape], dtype=dtype) for shape, dtype in self._outputs]
         self._engine.run([(x.data_ptr(), x.nbytes) for x in inputs], [(y.data_ptr(), y.nbytes) for y in outputs],
                          symbols, False)
         return self.imported.unflatten(outputs)

@@ -26,7 +26,7 @@ from .codegen.lower import LoweredKernel, kernel_name, lower_group
 from .errors import CuvilError
 from .ir.core import Builder, Function, Module
 from .ir.printer import print_module, value_names
-from .passes import Instrument, IRSnapshot, PassManager, PassRecord, Pipeline, VerifyEach
+from .passes import Instrument, IRSnapshot, PassManager, PassRecord, Pipeline, VerifyEach, get_pass
 from .program import ProgramBuild, ProgramDraft, Sizes, build_program
 from .report import CompileReport, source_lines
 from .runtime import Executable, Program, Step, load_module
@@ -37,11 +37,19 @@ ANCHOR_ATTR = "schedule.max_latency_us"   # on an op: its step should take at mo
 # (which ops share a kernel: cuvil/codegen/grouping.py, the fuse pass's groups by default)
 
 
-def pipeline_for(pipeline: "Pipeline | str", disable_passes=(), enable_fusion=True) -> Pipeline:
-    """`pipeline` with the passes named in `disable_passes` switched off, and fuse too when
-    `enable_fusion` is False."""
+PRECISIONS = {"fp32": None, "bf16": "bf16", "fp16": "f16"}     # precision -> mixed-precision's dtype
+
+
+def pipeline_for(pipeline: "Pipeline | str", disable_passes=(), enable_fusion=True, precision="fp32") -> Pipeline:
+    """`pipeline` with the passes named in `disable_passes` switched off, fuse too when
+    `enable_fusion` is False, and `mixed-precision` added for a `precision` other than fp32."""
+    if precision not in PRECISIONS:
+        raise CuvilError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     off = (disable_passes,) if isinstance(disable_passes, str) else tuple(disable_passes)
-    return Pipeline.of(pipeline).without(off + (("fuse",) if enable_fusion is False else ()))
+    passes = Pipeline.of(pipeline)
+    if PRECISIONS[precision] and not any(p.name == "mixed-precision" for p in passes):
+        passes = passes.insert_by_priority(get_pass("mixed-precision")(dtype=PRECISIONS[precision]))
+    return passes.without(off + (("fuse",) if enable_fusion is False else ()))
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -139,7 +147,7 @@ class NativeModel:
                         for op in lk.ops],
                 "sources": locs, "splittable": lk.kernel.parallel_loop is not None,
                 "kernel_ir": self.kernels.kernel_ir(name), "llvm_ir": self.kernels.llvm_ir(name),
-                "asm": self.kernels.asm(name)}
+                "asm": self.kernels.asm(name), "op_lines": self.kernels.op_lines(name)}
 
     def _step_json(self, k: int, st: Step) -> dict:
         infos = self.build.slots

@@ -15,13 +15,13 @@ from .ir import Module, parse
 from .passes import Instrument
 from .report import CompileReport
 
-DEFAULT_PIPELINE = "O2"
+DEFAULT_PIPELINE = "O3"
 
 
 def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DEFAULT_PIPELINE,
             dynamic=None, ranges=None, name: str | None = None, instruments: Sequence[Instrument] = (),
             native: bool = True, enable_fusion: Any = True, disable_passes: Sequence[str] = (),
-            target: str = "host") -> CompileReport:
+            target: str = "host", precision: str = "fp32") -> CompileReport:
     """Compile `fn_or_module` (an `nn.Module`, a function, a cuvil `Module` or IR text) and report
     what every pass did: IR before and after, time, changed or not, statistics.
 
@@ -40,7 +40,7 @@ def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DE
         module, sizes, import_s = imported.module, _example_sizes(imported), imported.time_s
     else:
         module, sizes, import_s = imported, {}, time.perf_counter() - t0
-    return compile_module(module, pipeline=pipeline_for(pipeline, disable_passes, enable_fusion),
+    return compile_module(module, pipeline=pipeline_for(pipeline, disable_passes, enable_fusion, precision),
                           name=name or _name_of(fn_or_module), native=native, grouping=grouping_for(enable_fusion),
                           hint_sizes=sizes, instruments=instruments,
                           phases=[{"name": "import", "time_s": import_s}], raise_errors=False,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import difflib
 import html
+import itertools
 import json
 import re
 from collections import Counter
@@ -673,7 +674,7 @@ class SourceInfo:
 class KernelInfo:
     """A kernel of the report, where its ops came from and its time in the profiled run."""
     index: int
-    data: dict          # the report's kernel entry (name, ops, sources, kernel_ir, llvm_ir, asm)
+    data: dict          # the report's kernel entry (name, ops, sources, kernel_ir, llvm_ir, asm, op_lines)
     sources: list[str]  # source keys, in line order
     steps: list[int]    # the schedule steps that run it
     time_ns: int = 0    # in the profiled run
@@ -682,6 +683,25 @@ class KernelInfo:
     @property
     def name(self) -> str:
         return self.data["name"]
+
+    def op_code(self, op: int) -> dict[str, list[list[int]]]:
+        """Where op `op`'s code is: view -> [first, last] line ranges (empty: no code of its own)."""
+        entry = next((e for e in self.data.get("op_lines", []) if e["op"] == op), {})
+        return {view: entry.get(view, []) for view in CODE_VIEWS}
+
+    def line_ops(self, view: str) -> dict[int, list[int]]:
+        """Line (1-based) of `view` -> the ops whose code it is."""
+        out: dict[int, list[int]] = {}
+        for e in self.data.get("op_lines", []):
+            for first, last in e.get(view, []):
+                for n in range(first, last + 1):
+                    out.setdefault(n, []).append(e["op"])
+        return out
+
+    def ops_in(self, view: str, first: int, last: int) -> list[int]:
+        """The ops whose code is in lines `first`..`last` of `view`, in the order they first appear."""
+        found = self.line_ops(view)
+        return list(dict.fromkeys(op for n in range(first, last + 1) for op in found.get(n, [])))
 
 
 @dataclass
@@ -746,35 +766,119 @@ CODE_VIEWS = {"kernel_ir": "Kernel IR", "llvm_ir": "LLVM IR", "asm": "Assembly"}
 _COMMENT = {"kernel_ir": "//", "llvm_ir": ";", "asm": "#"}
 _ASM_LABEL = re.compile(r"^[.\w$]+:")
 
+# Clicking a line of code (or an op's row) marks that op's lines in every view of the kernel and its
+# row, and says where the op came from; clicking it again clears the marks. Plain JavaScript in an
+# `onclick` attribute (as the flame chart's zoom), so it runs in the static page and in a widget.
+PICK_JS = """
+const hit = event.target.closest('[data-ops], tr[data-src]');
+if (!hit) return;
+const root = this.closest('.cv-provroot') || this;
+const ops = hit.dataset.ops ? hit.dataset.ops.split(' ') : [hit.cells[0].textContent];
+const off = root.dataset.picked === ops.join(' ');
+root.dataset.picked = off ? '' : ops.join(' ');
+root.querySelectorAll('[data-ops]').forEach((l) => l.classList.toggle('cv-pick',
+  !off && l.dataset.ops.split(' ').some((o) => ops.includes(o))));
+const rows = [];
+root.querySelectorAll('tr[data-src]').forEach((r) => {
+  const on = !off && ops.includes(r.cells[0].textContent);
+  r.classList.toggle('cv-pick', on);
+  if (on) rows.push('op ' + r.cells[0].textContent + ': ' + r.cells[1].textContent +
+                    (r.cells[2].textContent ? ' ← ' + r.cells[2].textContent : ''));
+});
+const info = root.querySelector('.cv-pickinfo');
+if (info) info.textContent = rows.join(' · ') || info.dataset.hint;
+root.querySelectorAll('.cv-codebody').forEach((b) => {    // scroll the other views to the op's code
+  const first = b.querySelector('.cv-pick');
+  if (first && !b.contains(hit)) b.parentElement.scrollTop = Math.max(0, first.offsetTop - 40);
+});
+"""
 
-def code_text_html(text: str, view: str) -> str:
-    """Kernel IR, LLVM IR or assembly as HTML: comments dimmed, labels and definitions bold."""
+
+def code_text_html(text: str, view: str, line_ops: dict[int, list[int]] | None = None,
+                   marks: dict[int, str] | None = None) -> str:
+    """Kernel IR, LLVM IR or assembly as HTML: comments dimmed, labels and definitions bold. With
+    `line_ops` (line -> op ids, `KernelInfo.line_ops`) each run of lines from the same ops is a
+    span that names them (`data-ops`), and the lines of an op in `marks` (op id -> CSS class) get
+    that class ("cv-pick" first)."""
+    lines = [_code_line_html(line, _COMMENT[view]) for line in text.splitlines()]
+    if line_ops is None:
+        return "\n".join(lines)
+    marks = marks or {}
     out = []
-    comment = _COMMENT[view]
-    for line in text.splitlines():
-        code, sep, rest = line.partition(comment) if comment in line and '"' not in line else (line, "", "")
-        body = html.escape(code)
-        if _ASM_LABEL.match(code) or code.startswith(("define ", "kernel ")):
-            body = f"<b>{body}</b>"
-        out.append(body + (f'<span class="cv-dim">{html.escape(sep + rest)}</span>' if sep else ""))
-    return "\n".join(out)
+    for ops, run in itertools.groupby(enumerate(lines, 1), key=lambda nl: tuple(line_ops.get(nl[0], ()))):
+        classes = {marks[op] for op in ops if op in marks}
+        cls = "cv-pick" if "cv-pick" in classes else min(classes, default="")
+        data = f' data-ops="{" ".join(map(str, ops))}"' if ops else ""
+        body = "\n".join(line or " " for _, line in run)
+        out.append(f'<span class="cv-cl{" " + cls if cls else ""}"{data}>{body}</span>')
+    return f'<div class="cv-codebody">{"".join(out)}</div>'
 
 
-def kernel_code_html(kernel: dict, view: str) -> str:
-    """One view of a kernel's code, or "side": the three next to each other."""
+def _code_line_html(line: str, comment: str) -> str:
+    code, sep, rest = line.partition(comment) if comment in line and '"' not in line else (line, "", "")
+    body = html.escape(code)
+    if _ASM_LABEL.match(code) or code.startswith(("define ", "kernel ")):
+        body = f"<b>{body}</b>"
+    return body + (f'<span class="cv-dim">{html.escape(sep + rest)}</span>' if sep else "")
+
+
+def _onclick(inline: bool) -> str:
+    return f' onclick="{html.escape(PICK_JS)}"' if inline else ""
+
+
+def kernel_code_html(kernel: dict | KernelInfo, view: str, marks: dict[int, str] | None = None,
+                     inline_js: bool = True) -> str:
+    """One view of a kernel's code, or "side": the three next to each other. Given a KernelInfo,
+    the lines know their ops (click one to mark its op everywhere: PICK_JS, inline unless the page
+    binds it itself) and `marks` colours ops' lines."""
+    info = kernel if isinstance(kernel, KernelInfo) else None
+    data = info.data if info else kernel
+
+    def block(v: str) -> str:
+        lines = info.line_ops(v) if info else None
+        return f'<pre class="cv-pre cv-codeblock">{code_text_html(data.get(v) or "", v, lines, marks)}</pre>'
     if view == "side":
-        cols = "".join(f'<div><h4 class="cv-h">{title}</h4><pre class="cv-pre cv-codeblock">'
-                       f'{code_text_html(kernel.get(v) or "", v)}</pre></div>' for v, title in CODE_VIEWS.items())
-        return f'<div class="cv-side">{cols}</div>'
-    text = kernel.get(view) or ""
-    if not text:
+        cols = "".join(f'<div><h4 class="cv-h">{title}</h4>{block(v)}</div>' for v, title in CODE_VIEWS.items())
+        body = f'<div class="cv-side">{cols}</div>'
+    elif not data.get(view):
         return f'<p class="cv-note">The report has no {CODE_VIEWS[view]} for this kernel.</p>'
-    return f'<pre class="cv-pre cv-codeblock">{code_text_html(text, view)}</pre>'
+    else:
+        body = block(view)
+    return f'<div class="cv-codeviews"{_onclick(inline_js)}>{body}</div>' if info else body
 
 
-def kernel_header_html(prov: Provenance, name: str, source: str = "") -> str:
-    """What a kernel is made of: its graph-IR ops (those from `source` marked), the source lines
-    they came from, the steps that run it and its time in the profiled run."""
+def _line_counts(k: KernelInfo, op: int) -> str:
+    """`IR 1 · LLVM 12 · asm 9`: how many lines of each view an op's code takes."""
+    code = k.op_code(op)
+    counts = [(short, sum(last - first + 1 for first, last in code[v]))
+              for v, short in (("kernel_ir", "IR"), ("llvm_ir", "LLVM"), ("asm", "asm"))]
+    return " · ".join(f"{short} {n}" for short, n in counts) if any(n for _, n in counts) else "no code of its own"
+
+
+PICK_HINT = "Click an op or a line of code: the op's code is marked in the kernel IR, LLVM IR and assembly."
+
+
+def op_code_html(prov: Provenance, name: str, op: int) -> str:
+    """One op of a kernel: its IR line, the source line it came from, and the lines of its code in
+    the kernel IR, LLVM IR and assembly (and the kernel's time in the profiled run)."""
+    k = prov.kernels[name]
+    key = prov.op_source.get(op, "")
+    src = prov.sources.get(key)
+    where = [f"{CODE_VIEWS[v]} {', '.join(f'{a}' if a == b else f'{a}–{b}' for a, b in ranges)}"
+             for v, ranges in k.op_code(op).items() if ranges]
+    bits = [f"op {op} <code>{html.escape(prov.op_lines.get(op, ''))}</code>",
+            f"from <code>{html.escape(src.label if src else key or 'no source line')}</code>",
+            "lines: " + ("; ".join(where) if where else "none (no code of its own)")]
+    if prov.run_ns:
+        bits.append(f"its kernel: {fmt_ns(k.time_ns)} in the profiled run")
+    return " · ".join(bits)
+
+
+def kernel_header_html(prov: Provenance, name: str, source: str = "", picked: int | None = None,
+                       inline_js: bool = True) -> str:
+    """What a kernel is made of: its graph-IR ops (those from `source` marked, `picked` picked) and
+    where their code is, the source lines they came from, the steps that run it and its time in
+    the profiled run. Clicking an op marks its lines of code (PICK_JS)."""
     k = prov.kernels[name]
     d = k.data
     bits = [f"<b>{html.escape(name)}</b>", f"<code>{html.escape(d.get('symbol', ''))}</code>",
@@ -787,11 +891,13 @@ def kernel_header_html(prov: Provenance, name: str, source: str = "") -> str:
     rows = []
     for op in d["ops"]:
         key = prov.op_source.get(op["id"], "")
-        hit = ' class="cv-hit"' if source and key == source else ""
+        cls = "cv-pick" if op["id"] == picked else "cv-hit" if source and key == source else ""
         where = html.escape(key.rsplit("/", 1)[-1]) if key else ""
         line = prov.op_lines.get(op["id"], op["name"])
-        rows.append(f'<tr data-src="{html.escape(key)}"{hit}><td>{op["id"]}</td><td><code>{html.escape(line)}</code>'
-                    f"</td><td>{where}</td></tr>")
+        attr = f' class="{cls}"' if cls else ""
+        rows.append(f'<tr data-src="{html.escape(key)}"{attr}>'
+                    f'<td>{op["id"]}</td><td><code>{html.escape(line)}</code></td><td>{where}</td>'
+                    f'<td class="cv-dim">{_line_counts(k, op["id"])}</td></tr>')
     srcs = []
     for key in k.sources:
         info = prov.sources.get(key)
@@ -800,9 +906,11 @@ def kernel_header_html(prov: Provenance, name: str, source: str = "") -> str:
         srcs.append(f'<li data-src="{html.escape(key)}"{cls}><code>{html.escape(text)}</code></li>')
     return (f'<div class="cv-kernhead">{" · ".join(bits)}</div>'
             f'<h4 class="cv-h">Graph-IR ops ({len(d["ops"])})</h4>'
-            f'<div class="cv-scroll cv-short"><table class="cv-ops"><tr><th>op</th><th>IR</th><th>source</th></tr>'
-            f'{"".join(rows)}</table></div>'
-            f'<h4 class="cv-h">Source lines</h4><ul class="cv-srcs">{"".join(srcs) or "<li><i>none</i></li>"}</ul>')
+            f'<div class="cv-scroll cv-short"><table class="cv-ops"{_onclick(inline_js)}><tr><th>op</th>'
+            f'<th>IR</th><th>source</th><th>its code (lines)</th></tr>{"".join(rows)}</table></div>'
+            f'<h4 class="cv-h">Source lines</h4><ul class="cv-srcs">{"".join(srcs) or "<li><i>none</i></li>"}</ul>'
+            f'<div class="cv-pickinfo cv-note" data-hint="{html.escape(PICK_HINT)}">'
+            f'{op_code_html(prov, name, picked) if picked is not None else html.escape(PICK_HINT)}</div>')
 
 
 def kernel_times_html(prov: Provenance) -> str:
@@ -1076,6 +1184,14 @@ CSS = """
 .cv-ops { border-collapse: collapse; }
 .cv-ops th, .cv-ops td { text-align: left; padding: 1px 10px 1px 0; vertical-align: top; }
 .cv-root tr.cv-hit, .cv-root li.cv-hit { background: rgba(255, 200, 0, 0.35); }
+.cv-root pre.cv-codeblock { position: relative; }
+.cv-codebody { display: inline-block; min-width: 100%; }
+.cv-root .cv-cl { display: block; }
+.cv-root .cv-cl[data-ops], .cv-ops tr[data-src] { cursor: pointer; }
+.cv-root .cv-cl[data-ops]:hover { background: rgba(127, 127, 127, 0.15); }
+.cv-root .cv-cl.cv-hit { background: rgba(255, 200, 0, 0.35); }
+.cv-root .cv-cl.cv-pick, .cv-root tr.cv-pick { background: rgba(9, 105, 218, 0.28); }
+.cv-pickinfo { margin: 4px 0; }
 .cv-srcs { margin: 2px 0; padding-left: 18px; }
 .cv-memsvg { font: 10px var(--jp-code-font-family, monospace); color: var(--jp-ui-font-color1, #1f2328); display: block; }
 .cv-memsvg text { fill: currentColor; }
@@ -1213,8 +1329,15 @@ _PAGE_JS = """
     $$('.cv-srclist button').forEach((b) => b.classList.toggle('cv-on', b.dataset.src === src));
     $$('.cv-kernlist button').forEach((b) => b.classList.toggle('cv-hit', hits.includes(b.dataset.k)));
     $$('.cv-kern [data-src]').forEach((r) => r.classList.toggle('cv-hit', !!src && r.dataset.src === src));
+    $$('.cv-kern').forEach((k) => {    // and the lines of code of the ops from it
+      const ops = Array.from(k.querySelectorAll('tr[data-src]')).filter((r) => src && r.dataset.src === src)
+        .map((r) => r.cells[0].textContent);
+      k.querySelectorAll('[data-ops]').forEach((l) => l.classList.toggle('cv-hit',
+        l.dataset.ops.split(' ').some((o) => ops.includes(o))));
+    });
     if (hits.length) showKernel(hits[0]);
   }
+  function pickOp(event) {""" + PICK_JS + """}
   function showView(kern, view) {
     kern.querySelectorAll('.cv-views button').forEach((b) => b.classList.toggle('cv-on', b.dataset.view === view));
     kern.querySelector('.cv-kviews').classList.toggle('cv-side', view === 'side');
@@ -1225,6 +1348,7 @@ _PAGE_JS = """
   $$('.cv-kern').forEach((k) => {
     k.querySelectorAll('.cv-views button').forEach((b) => b.addEventListener('click', () => showView(k, b.dataset.view)));
     showView(k, 'kernel_ir');
+    k.addEventListener('click', pickOp);    // an op or a line of code: mark the op's code in every view
   });
   const first = $('.cv-kernlist button');
   if (first) showKernel(first.dataset.k);
@@ -1339,10 +1463,11 @@ def _static_code(prov: Provenance) -> str:
     views = "".join(f'<button data-view="{v}">{title}</button>' for v, title in [*CODE_VIEWS.items(),
                                                                                   ("side", "Side by side")])
     bodies = "".join(
-        f'<div class="cv-kern" data-k="{html.escape(name)}" hidden>{kernel_header_html(prov, name)}'
+        f'<div class="cv-kern" data-k="{html.escape(name)}" hidden>'
+        f'{kernel_header_html(prov, name, inline_js=False)}'
         f'<div class="cv-controls cv-views">{views}</div><div class="cv-kviews">'
         + "".join(f'<div class="cv-kview" data-view="{v}"><h4 class="cv-h">{title}</h4>'
-                  f'{kernel_code_html(k.data, v)}</div>' for v, title in CODE_VIEWS.items())
+                  f'{kernel_code_html(k, v, inline_js=False)}</div>' for v, title in CODE_VIEWS.items())
         + "</div></div>" for name, k in prov.kernels.items())
     return (f'<div class="cv-pipe"><div class="cv-list cv-srclist"><div class="cv-listhead">source lines</div>'
             f'{srcs or "<p class=cv-note>none</p>"}</div><div class="cv-list cv-kernlist"><div class="cv-listhead">'

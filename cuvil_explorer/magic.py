@@ -18,6 +18,7 @@ from IPython.display import HTML, display
 
 import cuvil
 from cuvil.codegen.target import CROSS_TARGETS
+from cuvil.compiler import PRECISIONS, pipeline_for
 from cuvil.explain import DEFAULT_PIPELINE
 
 from .cache import CellCache, cell_key
@@ -39,6 +40,8 @@ class CuvilMagics(Magics):
     @magic_arguments()
     @argument("--passes", default=DEFAULT_PIPELINE, metavar="PIPELINE",
               help=f"the pass pipeline, e.g. 'canonicalize,cse' (default: {DEFAULT_PIPELINE})")
+    @argument("--precision", default="fp32", choices=tuple(PRECISIONS), metavar="P",
+              help="fp32 (default), or bf16 or fp16: torch.autocast's numerics (the mixed-precision pass)")
     @argument("--panels", default="", metavar="LIST", help="panels to show, e.g. 'pipeline,graph' (default: all)")
     @argument("--no-run", action="store_true", help="compile only; do not run the compiled model")
     @argument("--target", default="host", choices=("host", *CROSS_TARGETS), metavar="ARCH",
@@ -82,7 +85,7 @@ class CuvilMagics(Magics):
         args = self._parse_options(line)
         panels = [p.strip() for p in args.panels.split(",") if p.strip()]
         panel_classes(panels)   # unknown names fail before the (slow) compilation
-        pipeline = cuvil.Pipeline.parse(args.passes)
+        pipeline = pipeline_for(args.passes, precision=args.precision)
         ns = self.shell.user_ns
         key, keepalive = cell_key(cell, line, pipeline, ns, args.ir or is_ir_text(cell))
         run = None if args.force else self.cache.get(key)
@@ -92,7 +95,7 @@ class CuvilMagics(Magics):
             target = discover(cell, ns, filename, name=args.name, inputs=args.inputs, ranges=args.ranges,
                               force_ir=args.ir)
             dynamic = evaluate(args.dynamic, ns, "--dynamic") if args.dynamic else None
-            run = compile_target(target, args.passes, dynamic, run=not args.no_run, machine=args.target)
+            run = compile_target(target, str(pipeline), dynamic, run=not args.no_run, machine=args.target)
             self.cache.put(key, run, keepalive)
         if args.html:
             run.report.save_html(args.html)

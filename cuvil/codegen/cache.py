@@ -1,6 +1,7 @@
 """On-disk cache of compiled objects.
 
-The key is a SHA-256 over the kernels' canonical texts, the target (triple, CPU, features, ABI),
+The key is a SHA-256 over the kernels' identities (`jit.kernel_identity`: canonical text plus which
+nodes share a graph op), the target (triple, CPU, features, ABI),
 the optimisation level, Cuvil's version, llvmlite's version and LLVM's, and a hash of the codegen
 sources themselves (so editing the emitter never serves stale code). An entry is two files under
 `$CUVIL_CACHE_DIR` (default `~/.cache/cuvil`): `<key>.o` (the object) and `<key>.ll` (the

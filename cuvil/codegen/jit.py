@@ -1,8 +1,9 @@
 """Compile kernels: one LLVM module per model, O3 for the target, object cache, ORC JIT.
 
 `compile_kernels(kernels)` returns a `CompiledKernels` holding each kernel's address (kernels
-with the same structure share one function: the symbol is a hash of the canonical kernel text),
-the time of each phase, and, on request, the kernel IR, optimised LLVM IR and assembly per kernel.
+with the same structure share one function: the symbol is a hash of `kernel_identity`),
+the time of each phase, and, on request, the kernel IR, optimised LLVM IR and assembly per kernel,
+and where in them each graph op's code is (`op_lines`, read from the debug locations).
 The object is loaded into the process-wide ORC LLJIT as its own library, linked only against the
 BLAS GEMM and libc's memset/memcpy/memmove (which LLVM may emit for fill and copy loops); the code
 stays loaded as long as the `CompiledKernels` object lives.
@@ -23,7 +24,7 @@ import llvmlite.binding as llvm
 from ..errors import CuvilError
 from .cache import CacheEntry, ObjectCache, cache_key
 from .kernel_ir import Kernel, verify_kernel
-from .kernel_text import print_kernel
+from .kernel_text import LineMap, print_kernel
 from .llvm_emit import GEMM_SYMBOL, ModuleBuilder
 from .target import Target
 
@@ -33,8 +34,16 @@ _library_ids = itertools.count()
 LIBC_SYMBOLS = ("memset", "memcpy", "memmove")
 
 
-def kernel_symbol(canonical_text: str) -> str:
-    return "cuvil_k_" + hashlib.sha256(canonical_text.encode()).hexdigest()[:16]
+def kernel_symbol(identity: str) -> str:
+    return "cuvil_k_" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def kernel_identity(kernel: Kernel, lines: LineMap | None = None) -> str:
+    """What makes two kernels share one compiled function: the canonical text, and which of its
+    nodes come from the same op (the debug locations depend on it; op ids do not enter). `lines`
+    receives where the statements print."""
+    lines = lines if lines is not None else LineMap()
+    return print_kernel(kernel, canonical=True, lines=lines) + f"// ops {lines.layout()}\n"
 
 
 @dataclass
@@ -49,9 +58,10 @@ class CompiledKernels:
     llvm_ir_text: str                       # the optimised module
     addresses: dict[str, int] = field(default_factory=dict)   # kernel name -> address (host only)
     object_code: bytes = b""
+    lines: dict[str, LineMap] = field(default_factory=dict)     # kernel name -> where its statements print
     _tracker: object = None
-    _ir_functions: dict[str, str] | None = None
-    _asm_functions: dict[str, str] | None = None
+    _ir_functions: dict[str, "CodeLines"] | None = None
+    _asm_functions: dict[str, "CodeLines"] | None = None
 
     def address(self, kernel_name: str) -> int:
         try:
@@ -74,43 +84,118 @@ class CompiledKernels:
         return print_kernel(self.kernels[name])
 
     def llvm_ir(self, name: str) -> str:
-        """The optimised LLVM IR of the kernel's entry function (the body is inlined into it)."""
-        if self._ir_functions is None:
-            self._ir_functions = _split(LLVM_FUNCTION, self.llvm_ir_text)
-        return _function(self._ir_functions, self.symbols[name], "module")
+        """The optimised LLVM IR of the kernel's entry function (the body is inlined into it),
+        without its debug attachments."""
+        return self._llvm_lines(name).text
 
     def asm(self, name: str) -> str:
+        """The kernel's assembly, without its debug directives."""
+        return self._asm_lines(name).text
+
+    def op_lines(self, name: str) -> list[dict]:
+        """Where the code of each graph op of the kernel is: `{"op": id, "kernel_ir": [[first, last],
+        ...], "llvm_ir": [...], "asm": [...]}` (1-based inclusive line ranges of `kernel_ir(name)`,
+        `llvm_ir(name)` and `asm(name)`), in the order the ops first appear in the kernel IR."""
+        slots = self.lines[name].slots()
+        op_of = {slot: op for op, slot in slots.items()}
+        views = {"kernel_ir": self.lines[name].ops_by_line(),
+                 "llvm_ir": self._llvm_lines(name).ops(op_of), "asm": self._asm_lines(name).ops(op_of)}
+        return [{"op": op, **{view: _ranges(line for line, ops in by_line.items() if op in ops)
+                              for view, by_line in views.items()}} for op in slots]
+
+    def _llvm_lines(self, name: str) -> "CodeLines":
+        if self._ir_functions is None:
+            locations = {int(m[1]): (int(m[2]), int(m[3] or 0)) for m in DI_LOCATION.finditer(self.llvm_ir_text)}
+            self._ir_functions = {sym: CodeLines.of_llvm(text, locations)
+                                  for sym, text in _split(LLVM_FUNCTION, self.llvm_ir_text).items()}
+        return _function(self._ir_functions, self.symbols[name], "module")
+
+    def _asm_lines(self, name: str) -> "CodeLines":
         if self._asm_functions is None:
             with _llvm_lock:
                 mod = llvm.parse_assembly(self.llvm_ir_text)
-                self._asm_functions = _split(ASM_FUNCTION, self.target.target_machine().emit_assembly(mod))
+                asm = self.target.target_machine().emit_assembly(mod)
+            self._asm_functions = {sym: CodeLines.of_asm(text) for sym, text in _split(ASM_FUNCTION, asm).items()}
         return _function(self._asm_functions, self.symbols[name], "assembly")
 
 
 # one function of the optimised module / of its assembly, by symbol (split once, looked up per kernel)
 LLVM_FUNCTION = re.compile(r'^define [^\n]*@"?([\w.$]+)"?\(.*?^}$', re.M | re.S)
 ASM_FUNCTION = re.compile(r'^"?([A-Za-z_][\w.$]*)"?:.*?^\.Lfunc_end\d+:', re.M | re.S)   # not .L labels
+DI_LOCATION = re.compile(r"^!(\d+) = (?:distinct )?!DILocation\(line: (\d+)(?:, column: (\d+))?", re.M)
+DBG_ATTACHMENT = re.compile(r",? !dbg !(\d+)")
+ASM_LOC = re.compile(r"^\s*\.loc\s+\d+\s+(\d+)\s+(\d+)")
+# what only debug info brings into a function's assembly: line directives, call frame information
+# for .debug_frame, and the labels DWARF refers to
+ASM_DEBUG_ONLY = re.compile(r"^\s*\.(?:loc|file|cfi_\w+)\b|^\.L(?:tmp|func_begin)\d+:$")
+
+
+@dataclass
+class CodeLines:
+    """A function's code without its debug noise, and the debug location ((kernel IR line, op
+    slot), or None) of each of its lines."""
+    text: str
+    locations: list
+
+    @staticmethod
+    def of_llvm(function: str, di_locations: dict[int, tuple[int, int]]) -> "CodeLines":
+        lines, locations = [], []
+        for line in function.splitlines():
+            m = DBG_ATTACHMENT.search(line)
+            locations.append(di_locations.get(int(m[1])) if m else None)   # the define's !dbg is its scope
+            lines.append(DBG_ATTACHMENT.sub("", line))
+        return CodeLines("\n".join(lines) + "\n", locations)
+
+    @staticmethod
+    def of_asm(function: str) -> "CodeLines":
+        lines, locations, here = [], [], None
+        for line in function.splitlines():
+            m = ASM_LOC.match(line)
+            if m:
+                here = (int(m[1]), int(m[2]))
+            elif not ASM_DEBUG_ONLY.match(line):
+                lines.append(line)
+                instruction = line[:1].isspace() and not line.lstrip().startswith((".", "#"))
+                locations.append(here if instruction else None)
+        return CodeLines("\n".join(lines) + "\n", locations)
+
+    def ops(self, op_of: dict[int, int]) -> dict[int, list[int]]:
+        """line (1-based) -> the op its code came from (as a one-element list; lines of no op are left out)."""
+        return {n: [op_of[loc[1]]] for n, loc in enumerate(self.locations, 1) if loc and loc[1] in op_of}
+
+
+def _ranges(lines) -> list[list[int]]:
+    """Sorted line numbers as [first, last] runs."""
+    out: list[list[int]] = []
+    for n in sorted(lines):
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return out
 
 
 def _split(pattern: re.Pattern, text: str) -> dict[str, str]:
     return {m.group(1): m.group(0) + "\n" for m in pattern.finditer(text)}
 
 
-def _function(functions: dict[str, str], symbol: str, where: str) -> str:
+def _function(functions: dict, symbol: str, where: str):
     try:
         return functions[symbol]
     except KeyError:
         raise CuvilError(f"function {symbol} is not in the {where}") from None
 
 
-def build_module(kernels, symbols: dict[str, str], target: Target) -> llvm.ModuleRef:
-    """Kernel IR -> one verified LLVM module (each distinct structure emitted once)."""
-    mb = ModuleBuilder()
+def build_module(kernels, symbols: dict[str, str], target: Target, lines: dict[str, LineMap] | None = None,
+                 debug: bool = True) -> llvm.ModuleRef:
+    """Kernel IR -> one verified LLVM module (each distinct structure emitted once), with debug
+    locations unless `debug=False`; `lines`: each kernel's LineMap (printed here if not given)."""
+    mb = ModuleBuilder(debug=debug)
     done = set()
     for k in kernels:
         sym = symbols[k.name]
         if sym not in done:
-            mb.add_kernel(k, sym)
+            mb.add_kernel(k, sym, (lines or {}).get(k.name))
             done.add(sym)
     mb.module.triple = target.triple
     mod = llvm.parse_assembly(str(mb.module))
@@ -163,9 +248,10 @@ def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | 
         verify_kernel(k)
     target = target or Target.host()
     timings = dict(timings or {})
-    canonical = {k.name: print_kernel(k, canonical=True) for k in kernels}
-    symbols = {name: kernel_symbol(text) for name, text in canonical.items()}
-    key = cache_key(set(canonical.values()), target, opt_level)
+    lines = {k.name: LineMap() for k in kernels}
+    identity = {k.name: kernel_identity(k, lines[k.name]) for k in kernels}
+    symbols = {name: kernel_symbol(text) for name, text in identity.items()}
+    key = cache_key(set(identity.values()), target, opt_level)
 
     t = time.perf_counter()
     entry = cache.load(key) if cache is not None else None
@@ -173,14 +259,14 @@ def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | 
     timings["cache_lookup"] = time.perf_counter() - t
     with _llvm_lock:
         if not hit:
-            entry = _compile_object(kernels, symbols, target, opt_level, timings)
+            entry = _compile_object(kernels, symbols, lines, target, opt_level, timings)
             if cache is not None:
                 try:
                     cache.store(key, entry)
                 except OSError as e:
                     warnings.warn(f"cuvil: could not write the object cache at {cache.root}: {e}")
         result = CompiledKernels({k.name: k for k in kernels}, symbols, target, key, hit, timings, entry.llvm_ir,
-                                 object_code=entry.obj)
+                                 object_code=entry.obj, lines=lines)
         if target.is_host:
             t = time.perf_counter()
             _load(result)
@@ -198,10 +284,10 @@ def compile_function(fn, groups=None, target: Target | None = None, cache: Objec
     return lowered, compile_kernels([lk.kernel for lk in lowered], target=target, cache=cache, timings=timings)
 
 
-def _compile_object(kernels, symbols, target: Target, opt_level: int, timings: dict) -> CacheEntry:
+def _compile_object(kernels, symbols, lines, target: Target, opt_level: int, timings: dict) -> CacheEntry:
     t = time.perf_counter()
     tm = target.target_machine(opt=opt_level)
-    mod = build_module(kernels, symbols, target)
+    mod = build_module(kernels, symbols, target, lines)
     mod.data_layout = str(tm.target_data)
     timings["llvm_ir"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -16,6 +16,11 @@ Index expressions (loop bounds, load/store indices, GEMM sizes) are sympy intege
 loop variables and symbols: affine in the common case, with `//`, `%`, `min`, `max` for views and
 windows. Scalar expressions are trees of `Const`, `Var`, `Load` (optionally masked), `Index`
 (an index expression as an i64 scalar), `Call` (math, compare, select) and `Cast`.
+
+Every statement and expression has an `origin`: the id of the graph op it was lowered from (None
+for the kernel's own structure: loops, and kernels parsed from text). The lowering sets it
+(`stamp`); the LLVM emitter turns it into debug locations, the report into per-op line ranges. It
+is not part of a node's equality, hash or text, so it never changes what code is generated.
 """
 from __future__ import annotations
 
@@ -98,9 +103,14 @@ class Buffer:
 
 # ----------------------------------------------------------------------------- scalar expressions
 
+def _origin():
+    return field(default=None, compare=False, repr=False, kw_only=True)
+
+
+@dataclass(frozen=True)
 class Expr:
-    """A scalar expression; `dtype` is its value type."""
-    dtype: DType
+    """A scalar expression; each kind has a `dtype`, its value type."""
+    origin: int | None = _origin()
 
 
 @dataclass(frozen=True)
@@ -247,8 +257,9 @@ class Cast(Expr):
 
 # ----------------------------------------------------------------------------- statements
 
+@dataclass
 class Stmt:
-    pass
+    origin: int | None = _origin()
 
 
 @dataclass
@@ -589,3 +600,37 @@ def index_names(stmts) -> set[str]:
                     out.update(free_symbols(ref.offset))
     block(stmts)
     return out
+
+
+# ----------------------------------------------------------------------------- origins
+
+def operands(e: Expr) -> list[Expr]:
+    """The scalar expressions directly under `e`, in the order they print."""
+    if isinstance(e, Load):
+        inner = [i for i in e.index if isinstance(i, Expr)]
+        return inner + ([e.mask, e.other] if e.mask is not None else [])
+    if isinstance(e, Call):
+        return list(e.args)
+    if isinstance(e, Cast):
+        return [e.value]
+    return []
+
+
+def stamp(nodes, origin: int) -> None:
+    """Give `origin` (a graph op id) to every statement and expression under `nodes` that has none.
+    A node that has one keeps it, and so does everything under it (it was stamped as a whole), so
+    stamping what each op built right after it built it, operands first, attributes every node to
+    the innermost op that built it. Loops stay the kernel's own."""
+    for n in nodes:
+        if n.origin is not None:
+            continue
+        if isinstance(n, Loop):
+            stamp(n.body, origin)
+            continue
+        object.__setattr__(n, "origin", origin)    # frozen expressions too: origin is not part of their value
+        if isinstance(n, Expr):
+            stamp(operands(n), origin)
+        elif isinstance(n, (Let, Store)):
+            stamp([n.value], origin)
+        elif isinstance(n, Reduce):
+            stamp([n.init, *n.body, n.value], origin)

@@ -22,6 +22,7 @@ buffers and scalars. Constants carry their type (`0.5:f32`, `3:i64`, `true:i1`).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Callable
 
 import sympy
@@ -29,7 +30,7 @@ import sympy
 from ..errors import CuvilParseError
 from ..ir.types import DType, sym
 from .kernel_ir import (FUNCS, GEMM_INTS, REDUCE_KINDS, ROLES, BufRef, Buffer, Call, Cast, Const, Expr, Gemm,
-                        Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var, loop_var)
+                        Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var, loop_var, operands)
 
 INDENT = "  "
 
@@ -103,9 +104,54 @@ def format_float(v: float) -> str:
     return repr(float(v))
 
 
-def print_kernel(k: Kernel, canonical: bool = False) -> str:
+@dataclass
+class LineMap:
+    """Where `print_kernel` put a kernel's statements (1-based lines; names do not move them, so
+    the canonical and the readable text agree) and which graph ops (`origin`) each line computes."""
+    statements: dict[int, int] = field(default_factory=dict)    # id(statement) -> its line
+    yields: dict[int, int] = field(default_factory=dict)        # id(Reduce) -> the line of its `yield`
+    nodes: list[tuple[int, int | None]] = field(default_factory=list)   # (line, origin) per node, in text order
+
+    def statement(self, s, line: int) -> None:
+        self.statements[id(s)] = line
+        if not isinstance(s, Loop):
+            self.nodes.append((line, s.origin))
+
+    def expression(self, e: Expr, line: int) -> None:
+        self.nodes.append((line, e.origin))
+        for sub in operands(e):
+            self.expression(sub, line)
+
+    def slots(self) -> dict[int, int]:
+        """op id -> 1, 2, ... in the order the ops first appear: the column of their debug locations
+        (a number that depends only on the kernel's structure, unlike op ids)."""
+        out: dict[int, int] = {}
+        for _, origin in self.nodes:
+            if origin is not None and origin not in out:
+                out[origin] = len(out) + 1
+        return out
+
+    def layout(self) -> str:
+        """The slot of every node, line by line: kernels that print alike but whose nodes come from
+        differently split ops differ here (their debug locations differ)."""
+        slots, by_line = self.slots(), {}
+        for line, origin in self.nodes:
+            by_line.setdefault(line, []).append(str(slots.get(origin, 0)))
+        return ";".join(f"{line}:{','.join(s)}" for line, s in by_line.items())
+
+    def ops_by_line(self) -> dict[int, list[int]]:
+        """line -> the ops its statement and expressions came from, in slot order."""
+        slots, out = self.slots(), {}
+        for line, origin in self.nodes:
+            if origin is not None:
+                out.setdefault(line, set()).add(origin)
+        return {line: sorted(ops, key=slots.get) for line, ops in out.items()}
+
+
+def print_kernel(k: Kernel, canonical: bool = False, lines: LineMap | None = None) -> str:
     """The kernel's text. `canonical=True` renames the kernel, buffers and scalars by position, so
-    kernels that differ only in names print the same (the structural-identity key)."""
+    kernels that differ only in names print the same (the structural-identity key). `lines`, when
+    given, records where each statement went."""
     names = _Names(canonical)
     params = []
     for b in k.buffers:
@@ -114,10 +160,10 @@ def print_kernel(k: Kernel, canonical: bool = False) -> str:
             text += f" strides [{', '.join(index_str(d) for d in b.strides)}]"
         params.append(text)
     dims = f" dims({', '.join(k.symbols)})" if k.symbols else ""
-    lines = [f"kernel @{'kernel' if canonical else k.name}({', '.join(params)}){dims} {{"]
-    _print_block(k.body, 1, lines, names)
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    text = [f"kernel @{'kernel' if canonical else k.name}({', '.join(params)}){dims} {{"]
+    _print_block(k.body, 1, text, names, lines if lines is not None else LineMap())
+    text.append("}")
+    return "\n".join(text) + "\n"
 
 
 def print_kernels(kernels) -> str:
@@ -128,22 +174,29 @@ def _range_str(var: str, start, extent) -> str:
     return f"{var} in {index_str(start)}..{index_str(sympy.sympify(start) + extent)}"
 
 
-def _print_block(stmts, depth: int, lines: list[str], names: _Names) -> None:
+def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: LineMap) -> None:
     pad = INDENT * depth
     for s in stmts:
+        here = len(lines) + 1
+        where.statement(s, here)
         if isinstance(s, Loop):
             par = "parallel " if s.parallel else ""
             lines.append(f"{pad}{par}for {_range_str(s.var, s.start, s.extent)} {{")
-            _print_block(s.body, depth + 1, lines, names)
+            _print_block(s.body, depth + 1, lines, names, where)
             lines.append(pad + "}")
         elif isinstance(s, Let):
+            where.expression(s.value, here)
             lines.append(f"{pad}%{names(s.var.name)} = {expr_str(s.value, names)}")
         elif isinstance(s, Store):
+            where.expression(s.value, here)
             lines.append(f"{pad}{_access(s.buf, s.index, names)} = {expr_str(s.value, names)}")
         elif isinstance(s, Reduce):
+            where.expression(s.init, here)
             ranges = ", ".join(_range_str(r.var, r.start, r.extent) for r in s.loops)
             lines.append(f"{pad}%{names(s.var.name)} = reduce {s.kind}({expr_str(s.init, names)}) for {ranges} {{")
-            _print_block(s.body, depth + 1, lines, names)
+            _print_block(s.body, depth + 1, lines, names, where)
+            where.yields[id(s)] = len(lines) + 1
+            where.expression(s.value, len(lines) + 1)
             lines.append(f"{pad}{INDENT}yield {expr_str(s.value, names)}")
             lines.append(pad + "}")
         elif isinstance(s, Gemm):

@@ -24,6 +24,7 @@ import sympy
 from ..errors import CuvilUnsupportedOpError
 from ..ir.core import Operation
 from ..ir.ops.common import pair
+from ..ir.ops.nn import spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
@@ -33,6 +34,7 @@ ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded mat
 COL_TILE = 256          # output columns per tile, for outputs at least twice as wide
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
+NHWC_MIN_CHANNEL_RUN = 8    # fewer channels per group: NHWC im2col gathers along image rows instead
 
 
 # ----------------------------------------------------------------------------- window helpers
@@ -77,14 +79,28 @@ def _masked_value(lw, v, idx, mask, other):
     return call("select", mask, x, other)
 
 
+def _spatial(op) -> tuple[int, int]:
+    return spatial_axes(op.operands[0].type.rank, op.attrs["layout"])
+
+
+def _at(idx, axes, values) -> list:
+    """`idx` with the entries at `axes` replaced by `values`."""
+    out = list(idx)
+    for a, v in zip(axes, values):
+        out[a] = v
+    return out
+
+
 def _window_positions(lw, op, idx, rvars, kernel, stride, padding, dilation):
+    """The input index of window element `rvars` of output `idx`, and its in-bounds mask."""
     x = op.operands[0]
-    H, W = x.type.shape[-2:]
-    oh, ow = idx[-2:]
+    axes = _spatial(op)
+    H, W = (x.type.shape[a] for a in axes)
+    oh, ow = (idx[a] for a in axes)
     kh, kw = rvars
     ih = oh * stride[0] - padding[0] + kh * dilation[0]
     iw = ow * stride[1] - padding[1] + kw * dilation[1]
-    return ih, iw, _and(_inside(lw, ih, H), _inside(lw, iw, W))
+    return _at(idx, axes, (ih, iw)), _and(_inside(lw, ih, H), _inside(lw, iw, W))
 
 
 # ----------------------------------------------------------------------------- pooling
@@ -96,8 +112,8 @@ def max_pool2d(lw, op, idx):
     low = Const(-math.inf, dtype) if dtype.is_float else const(-(1 << 31), dtype)
 
     def value(rv):
-        ih, iw, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, dilation)
-        return _masked_value(lw, x, list(idx[:-2]) + [ih, iw], mask, low)
+        at, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, dilation)
+        return _masked_value(lw, x, at, mask, low)
     return lw.reduce("max", [("kh", 0, kernel[0]), ("kw", 0, kernel[1])], value, dtype, "pool")
 
 
@@ -105,16 +121,16 @@ def avg_pool2d(lw, op, idx):
     kernel, stride, padding, _ = _window_attrs(op)
     x = op.operands[0]
     dtype = compute_dtype(x.type.dtype)
-    H, W = x.type.shape[-2:]
+    axes = _spatial(op)
 
     def value(rv):
-        ih, iw, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, (1, 1))
-        return _masked_value(lw, x, list(idx[:-2]) + [ih, iw], mask, const(0.0, dtype))
+        at, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, (1, 1))
+        return _masked_value(lw, x, at, mask, const(0.0, dtype))
     total = lw.reduce("sum", [("kh", 0, kernel[0]), ("kw", 0, kernel[1])], value, dtype, "pool")
     if op.attrs["divisor"] is not None:
         return call("div", total, const(op.attrs["divisor"], dtype))
     counts = []
-    for o, k, s, p, size in zip(idx[-2:], kernel, stride, padding, (H, W)):
+    for o, k, s, p, size in zip((idx[a] for a in axes), kernel, stride, padding, (x.type.shape[a] for a in axes)):
         start = sympy.sympify(o) * s - p
         end = sympy.Min(start + k, size + p)
         if not op.attrs["count_include_pad"]:
@@ -127,11 +143,13 @@ def adaptive_avg_pool2d(lw, op, idx):
     x = op.operands[0]
     dtype = compute_dtype(x.type.dtype)
     ranges = []
-    for name, o, size, out in zip(("kh", "kw"), idx[-2:], x.type.shape[-2:], op.results[0].type.shape[-2:]):
+    axes = _spatial(op)
+    for name, a in zip(("kh", "kw"), axes):
+        o, size, out = idx[a], x.type.shape[a], op.results[0].type.shape[a]
         start = sympy.floor(sympy.sympify(o) * size / out)
         end = sympy.ceiling((sympy.sympify(o) + 1) * size / out)
         ranges.append((name, start, end - start))
-    total = lw.reduce("sum", ranges, lambda rv: lw.value(x, list(idx[:-2]) + list(rv)), dtype, "pool")
+    total = lw.reduce("sum", ranges, lambda rv: lw.value(x, _at(idx, axes, rv)), dtype, "pool")
     return call("div", total, cast(Index(ranges[0][2] * ranges[1][2]), dtype))
 
 
@@ -143,10 +161,22 @@ def _conv_attrs(op: Operation):
             a["groups"])
 
 
+def _conv_weight_dims(op: Operation) -> tuple[int, int, int, int]:
+    """(out channels, in channels per group, kh, kw), whichever way the weight is laid out."""
+    if op.attrs["layout"] == "nhwc":
+        kh, kw, cin_g, out_ch = op.operands[1].type.shape
+        return out_ch, cin_g, kh, kw
+    return op.operands[1].type.shape
+
+
+def _image(layout: str, n, c, h, w) -> list:
+    return [n, h, w, c] if layout == "nhwc" else [n, c, h, w]
+
+
 def conv_algorithm(op: Operation) -> str:
     """direct, gemm (1x1) or im2col: see the module docstring."""
     stride, padding, dilation, groups = _conv_attrs(op)
-    out_ch, cin_g, kh, kw = op.operands[1].type.shape
+    out_ch, cin_g, kh, kw = _conv_weight_dims(op)
     if (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1:
         return "gemm"
     if cin_g == 1 or cin_g * kh * kw <= DIRECT_CONV_MAX_REDUCTION:
@@ -156,10 +186,12 @@ def conv_algorithm(op: Operation) -> str:
 
 def conv2d_direct(lw, op, idx):
     stride, padding, dilation, groups = _conv_attrs(op)
+    layout = op.attrs["layout"]
     x, w = op.operands[:2]
-    out_ch, cin_g, KH, KW = w.type.shape
+    out_ch, cin_g, KH, KW = _conv_weight_dims(op)
     dtype = compute_dtype(x.type.dtype)
-    n, oc, oh, ow = idx
+    n, oc, oh, ow = (idx[0], idx[3], idx[1], idx[2]) if layout == "nhwc" else idx
+    H, W = (x.type.shape[a] for a in _spatial(op))
     group = floor_div(oc, out_ch // groups, lw.known)
     ranges = ([("c", 0, cin_g)] if cin_g > 1 else []) + [("kh", 0, KH), ("kw", 0, KW)]
 
@@ -168,9 +200,10 @@ def conv2d_direct(lw, op, idx):
         kh, kw = rv[-2:]
         ih = oh * stride[0] - padding[0] + kh * dilation[0]
         iw = ow * stride[1] - padding[1] + kw * dilation[1]
-        mask = _and(_inside(lw, ih, x.type.shape[2]), _inside(lw, iw, x.type.shape[3]))
-        xv = _masked_value(lw, x, [n, group * cin_g + c, ih, iw], mask, const(0.0, dtype))
-        return call("mul", cast(lw.value(w, [oc, c, kh, kw]), dtype), xv)
+        mask = _and(_inside(lw, ih, H), _inside(lw, iw, W))
+        xv = _masked_value(lw, x, _image(layout, n, group * cin_g + c, ih, iw), mask, const(0.0, dtype))
+        w_idx = [kh, kw, c, oc] if layout == "nhwc" else [oc, c, kh, kw]
+        return call("mul", cast(lw.value(w, w_idx), dtype), xv)
     acc = lw.reduce("sum", ranges, value, dtype, "conv")
     if len(op.operands) > 2:
         return call("add", acc, cast(lw.value(op.operands[2], [oc]), dtype))
@@ -326,49 +359,87 @@ def matmul(lw, op):
 
 
 def conv2d_gemm(lw, op):
-    """1x1 stride-1 convolution: per image, out[OC, HW] = W[OC, C] @ x[C, HW], in row tiles."""
+    """1x1 stride-1 convolution. NCHW: per image, out[OC, HW] = W[OC, C] @ x[C, HW], in row tiles.
+    NHWC: one GEMM over all images, out[N*H*W, OC] = x[N*H*W, C] @ W[C, OC], in row tiles."""
     _require_f32(op)
     x, w = op.operands[:2]
     T = _raw_buffer(lw, op)
+    X, Wt = lw.inputs[id(x)], lw.inputs[id(w)]
+    OC = _conv_weight_dims(op)[0]
+    if op.attrs["layout"] == "nhwc":
+        _materialize(lw, op, T, 3)
+        N, H, W, C = x.type.shape
+        _row_tiles(lw, T, norm_dim(N * H * W), OC, X, Wt, C, OC, False, [N, H, W])
+        return
     _materialize(lw, op, T, 1)
     N, C, H, W = x.type.shape
-    OC = w.type.shape[0]
     _conv_tiles(lw, op, T, N, 1, H, W, lambda q, n, g, first, count: lw.emit(Gemm(
-        BufRef(T, (n * OC) * H * W + first * W), BufRef(lw.inputs[id(w)], 0),
-        BufRef(lw.inputs[id(x)], n * C * H * W + first * W), OC, count * W, C, C, H * W, H * W)))
+        BufRef(T, (n * OC) * H * W + first * W), BufRef(Wt, 0),
+        BufRef(X, n * C * H * W + first * W), OC, count * W, C, C, H * W, H * W)))
 
 
 def conv2d_im2col(lw, op):
-    """Per image, group and tile of output rows: gather the input windows into columns
-    col[c*kh*kw, positions] (scratch), then one GEMM with the group's weights."""
+    """Per image, group and tile of output rows: gather the input windows into columns (scratch),
+    then one GEMM with the group's weights. NCHW: col[c*kh*kw, positions], out = W @ col. NHWC with
+    enough channels per group: col[positions, (kh, kw, c)], whose rows are runs of contiguous
+    channels, out = col @ W. NHWC with few (an RGB stem, whose input is usually an NCHW tensor read
+    through a fused permute): col[(kh, kw, c), positions] gathered along the image rows, as in
+    NCHW, and out = col^T @ W."""
     _require_f32(op)
     stride, padding, dilation, groups = _conv_attrs(op)
+    nhwc = op.attrs["layout"] == "nhwc"
     x, w = op.operands[:2]
     T = _raw_buffer(lw, op)
-    _materialize(lw, op, T, 1)
-    N, C, H, W = x.type.shape
-    OC, cin_g, KH, KW = w.type.shape
-    OH, OW = op.result.type.shape[2:]
+    _materialize(lw, op, T, 3 if nhwc else 1)
+    N = x.type.shape[0]
+    H, W = (x.type.shape[a] for a in _spatial(op))
+    OC, cin_g, KH, KW = _conv_weight_dims(op)
+    OH, OW = (op.result.type.shape[a] for a in _spatial(op))
     oc_g, K = OC // groups, cin_g * KH * KW
     tile_rows = _tile_rows(OH, OW)
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
-    col = lw.scratch(DType.f32, [norm_dim(N * groups * tiles), K, tile_rows * OW])
+    positions = tile_rows * OW
+    rows_of_channels = nhwc and cin_g >= NHWC_MIN_CHANNEL_RUN
+    col = lw.scratch(DType.f32, [norm_dim(N * groups * tiles)] + ([positions, K] if rows_of_channels else
+                                                                 [K, positions]))
+    Wt = lw.inputs[id(w)]
 
     def body(q, n, g, first, count):
-        def fill(c, kh, kw):
-            def row(rr):
-                def pos(ow):
-                    ih = (first + rr) * stride[0] - padding[0] + kh * dilation[0]
-                    iw = ow * stride[1] - padding[1] + kw * dilation[1]
-                    mask = _and(_inside(lw, ih, H), _inside(lw, iw, W))
-                    v = _masked_value(lw, x, [n, g * cin_g + c, ih, iw], mask, const(0.0, DType.f32))
-                    lw.emit(Store(col, [q, (c * KH + kh) * KW + kw, rr * OW + ow], v))
-                lw.loop("ow", OW, pos)
-            lw.loop("rr", count, row)
-        lw.loop("c", cin_g, lambda c: lw.loop("kh", KH, lambda kh: lw.loop("kw", KW, lambda kw: fill(c, kh, kw))))
-        lw.emit(Gemm(BufRef(T, (n * OC + g * oc_g) * OH * OW + first * OW), BufRef(lw.inputs[id(w)], g * oc_g * K),
-                     BufRef(col, q * K * tile_rows * OW), oc_g, count * OW, K, K, tile_rows * OW, OH * OW))
+        def gather(rr, ow, c, kh, kw):
+            ih = (first + rr) * stride[0] - padding[0] + kh * dilation[0]
+            iw = ow * stride[1] - padding[1] + kw * dilation[1]
+            mask = _and(_inside(lw, ih, H), _inside(lw, iw, W))
+            v = _masked_value(lw, x, _image(op.attrs["layout"], n, g * cin_g + c, ih, iw), mask,
+                              const(0.0, DType.f32))
+            k = ((kh * KW + kw) * cin_g + c) if nhwc else ((c * KH + kh) * KW + kw)
+            lw.emit(Store(col, [q, rr * OW + ow, k] if rows_of_channels else [q, k, rr * OW + ow], v))
+        if rows_of_channels:
+            _loops(lw, ["rr", "ow", "kh", "kw", "c"], [count, OW, KH, KW, cin_g],
+                   lambda rr, ow, kh, kw, c: gather(rr, ow, c, kh, kw))
+        else:
+            _loops(lw, ["c", "kh", "kw", "rr", "ow"], [cin_g, KH, KW, count, OW],
+                   lambda c, kh, kw, rr, ow: gather(rr, ow, c, kh, kw))
+        cols = BufRef(col, q * K * positions)
+        if not nhwc:
+            lw.emit(Gemm(BufRef(T, (n * OC + g * oc_g) * OH * OW + first * OW), BufRef(Wt, g * oc_g * K), cols,
+                         oc_g, count * OW, K, K, positions, OH * OW))
+            return
+        out = BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g)
+        if rows_of_channels:
+            lw.emit(Gemm(out, cols, BufRef(Wt, g * oc_g), count * OW, oc_g, K, K, OC, OC))
+        else:
+            lw.emit(Gemm(out, cols, BufRef(Wt, g * oc_g), count * OW, oc_g, K, positions, OC, OC, trans_a=True))
     _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows)
+
+
+def _loops(lw, names, extents, body):
+    """A loop nest, outermost first; `body` gets one loop variable per name."""
+    def nest(level, bound):
+        if level == len(names):
+            body(*bound)
+            return
+        lw.loop(names[level], extents[level], lambda v: nest(level + 1, (*bound, v)))
+    nest(0, ())
 
 
 def _tile_rows(OH, OW) -> int:
@@ -382,15 +453,16 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None):
     emits the tile's computation, then the epilogue covers its block of the output."""
     tile_rows = tile_rows or _tile_rows(OH, OW)
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
-    OC = op.result.type.shape[1]
-    oc_g = OC // groups
+    oc_g = _conv_weight_dims(op)[0] // groups
 
     def tile(q):
         n, g, t = _decompose(lw, q, [N, groups, tiles])
         first = tile_rows * t
         count = sympy.Min(tile_rows, OH - first) if tiles != 1 else OH
         body(q, n, g, first, count)
-        _epilogue(lw, [(n, 1), (g * oc_g, oc_g), (first, count), (0, OW)])
+        channels, rows, cols = (g * oc_g, oc_g), (first, count), (0, OW)
+        _epilogue(lw, [(n, 1), rows, cols, channels] if op.attrs["layout"] == "nhwc" else
+                  [(n, 1), channels, rows, cols])
     lw.loop("p", norm_dim(N * groups * tiles), tile, parallel=True)
 
 
@@ -482,6 +554,16 @@ WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
               "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.conv2d": conv2d_direct,
               "cuvil.cumsum": cumsum}
 LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa}
+
+
+def gathered_operands(op: Operation) -> list:
+    """The operands of a GEMM-based op that are views it can read through: an im2col convolution
+    gathers its input element by element (not through BLAS), so a permute or reshape in front of it
+    costs nothing. Computed producers stay out: the gather reads each element kh*kw times."""
+    x = op.operands[0]
+    if op.name == "cuvil.conv2d" and conv_algorithm(op) == "im2col" and not x.is_arg and x.owner.has_tag("view"):
+        return [x]
+    return []
 
 
 def classify(op: Operation) -> str | None:

@@ -15,6 +15,15 @@ reference, not bit-for-bit against eager); long float sums are blocked and the b
 pairwise (`KernelEmitter._pairwise_sum`, docs/codegen.md#llvm-emission). Scalar functions come from two tables, `FLOAT_OPS` and
 `INT_OPS` (one small emitter per function); exp/log/tanh/erf/sigmoid/sin/cos/pow are Cuvil's own
 branch-free implementations in `mathlib`.
+
+Debug locations tie the code to the kernel IR: each kernel's functions get a DISubprogram (file
+`<symbol>.kir`, line table only), and each instruction a location whose line is the line of its
+statement in the kernel IR text (`print_kernel`) and whose column is the slot of the graph op it
+was built for (`LineMap.slots`: 1, 2, ... in order of first appearance; 0 for the kernel's own
+loops). Both depend only on the kernel's structure, so kernels that share code share them too.
+LLVM keeps locations through optimisation (vectorised and inlined code keeps its origin) and the
+assembly gets them as `.loc` lines (`jit.CompiledKernels.op_lines` reads them back). They do not
+change the generated code.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ from llvmlite import ir
 from ..ir.types import DType
 from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, Var,
                         loop_var)
+from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -54,15 +64,44 @@ PAIRWISE_DEPTH = 64
 
 
 class ModuleBuilder:
-    """Collects kernels into one llvmlite module."""
+    """Collects kernels into one llvmlite module (with debug locations unless `debug=False`)."""
 
-    def __init__(self, name: str = "cuvil"):
+    def __init__(self, name: str = "cuvil", debug: bool = True):
         self.module = ir.Module(name)
         self.math = MathLib(self.module)
+        self.unit = self._compile_unit() if debug else None
 
-    def add_kernel(self, kernel: Kernel, symbol: str | None = None) -> str:
+    def _compile_unit(self) -> ir.DIValue:
+        m = self.module
+        for flag, value in (("Dwarf Version", 4), ("Debug Info Version", 3)):
+            m.add_named_metadata("llvm.module.flags", [ir.Constant(I32, 2), flag, ir.Constant(I32, value)])
+        unit = m.add_debug_info("DICompileUnit", {
+            "language": ir.DIToken("DW_LANG_C99"), "file": self.file("cuvil.kir"), "producer": "cuvil",
+            "isOptimized": True, "runtimeVersion": 0, "emissionKind": ir.DIToken("LineTablesOnly")}, is_distinct=True)
+        m.add_named_metadata("llvm.dbg.cu", unit)
+        return unit
+
+    def file(self, name: str) -> ir.DIValue:
+        return self.module.add_debug_info("DIFile", {"filename": name, "directory": ""})
+
+    def subprogram(self, name: str, file: ir.DIValue) -> ir.DIValue | None:
+        """A function's debug scope (None without debug info)."""
+        if self.unit is None:
+            return None
+        m = self.module
+        return m.add_debug_info("DISubprogram", {
+            "name": name, "scope": file, "file": file, "line": 1, "scopeLine": 1, "unit": self.unit,
+            "type": m.add_debug_info("DISubroutineType", {"types": m.add_metadata([])}),
+            "spFlags": ir.DIToken("DISPFlagDefinition | DISPFlagOptimized")}, is_distinct=True)
+
+    def add_kernel(self, kernel: Kernel, symbol: str | None = None, lines: LineMap | None = None) -> str:
+        """Emit `kernel` as `symbol`; `lines`: where `print_kernel` puts its statements (printed
+        here when not given)."""
         symbol = symbol or kernel.name
-        KernelEmitter(self, kernel, symbol).emit()
+        if lines is None:
+            lines = LineMap()
+            print_kernel(kernel, lines=lines)
+        KernelEmitter(self, kernel, symbol, lines).emit()
         return symbol
 
     def gemm_function(self) -> ir.Function:
@@ -88,11 +127,33 @@ class ModuleBuilder:
 
 
 class KernelEmitter:
-    def __init__(self, mb: ModuleBuilder, kernel: Kernel, symbol: str):
+    def __init__(self, mb: ModuleBuilder, kernel: Kernel, symbol: str, lines: LineMap):
         self.mb, self.kernel, self.symbol = mb, kernel, symbol
         self.scalars: dict[str, ir.Value] = {}
         self.indices: dict[sympy.Symbol, ir.Value] = {}
         self.bufs: dict[str, ir.Value] = {}
+        self.lines, self.slots = lines, lines.slots()
+        self.line = 1                   # the kernel IR line of the statement being emitted
+        self.file = mb.file(symbol + ".kir") if mb.unit is not None else None
+        self.scope: ir.DIValue | None = None
+        self._locations: dict[tuple, ir.DIValue] = {}
+
+    # -- debug locations
+    def location(self, line: int, origin: int | None) -> ir.DIValue | None:
+        """The debug location of kernel IR line `line`, column the slot of op `origin`."""
+        if self.scope is None:
+            return None
+        key = (self.scope, line, origin)
+        loc = self._locations.get(key)
+        if loc is None:
+            loc = self._locations[key] = self.mb.module.add_debug_info(
+                "DILocation", {"line": line, "column": self.slots.get(origin, 0), "scope": self.scope})
+        return loc
+
+    def at(self, line: int, origin: int | None) -> None:
+        """Attribute the instructions emitted from now on to `line` and op `origin`."""
+        self.line = line
+        self.b.debug_metadata = self.location(line, origin)
 
     # -- functions
     def emit(self) -> None:
@@ -101,6 +162,7 @@ class KernelEmitter:
         body = ir.Function(self.mb.module, ir.FunctionType(ir.VoidType(), args), name=self.symbol + ".body")
         body.linkage = "internal"
         body.attributes.add("nounwind")
+        self.scope = self._debug_scope(body)
         for a, buf in zip(body.args, k.buffers):
             a.add_attribute("noalias")
             a.name = "b_" + _llvm_name(buf.name)
@@ -116,6 +178,7 @@ class KernelEmitter:
         self.entry = body.append_basic_block("entry")
         start = body.append_basic_block("start")
         self.b = ir.IRBuilder(start)
+        self.at(1, None)
         self.block(k.body)
         self.b.ret_void()
         ir.IRBuilder(self.entry).branch(start)   # allocas go into `entry`, before this branch
@@ -128,12 +191,20 @@ class KernelEmitter:
         bufs, dims = fn.args
         bufs.name, dims.name = "bufs", "dims"
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.scope = self._debug_scope(fn)
+        b.debug_metadata = self.location(1, None)
         args = [b.load(b.gep(bufs, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR), typ=PTR, align=8)
                 for i in range(len(k.buffers))]
         args += [b.load(b.gep(dims, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), typ=I64, align=8)
                  for i in range(self.n_dims)]
         b.call(body, args)
         b.ret_void()
+
+    def _debug_scope(self, fn: ir.Function) -> ir.DIValue | None:
+        sp = self.mb.subprogram(fn.name, self.file) if self.file is not None else None
+        if sp is not None:
+            fn.set_metadata("dbg", sp)
+        return sp
 
     @property
     def n_dims(self) -> int:
@@ -143,8 +214,11 @@ class KernelEmitter:
 
     # -- statements
     def block(self, stmts) -> None:
+        outer = self.line, self.b.debug_metadata
         for s in stmts:
+            self.at(self.lines.statements[id(s)], s.origin)
             STATEMENTS[type(s)](self, s)
+        self.line, self.b.debug_metadata = outer     # a loop's latch is the loop's
 
     def let(self, s: Let) -> None:
         self.scalars[s.var.name] = self.expr(s.value)
@@ -215,8 +289,11 @@ class KernelEmitter:
     def _accumulate(self, s: Reduce, acc, ty) -> None:
         """acc = combine(acc, value) for one iteration (the combine is `reassoc`: it vectorises)."""
         self.block(s.body)
+        outer = self.line, self.b.debug_metadata
+        self.at(self.lines.yields[id(s)], s.origin)
         value = self.expr(s.value)
         self.b.store(REDUCERS[(s.kind, s.var.dtype.is_float)](self, self.b.load(acc, typ=ty), value), acc)
+        self.line, self.b.debug_metadata = outer
 
     def _pairwise_sum(self, s: Reduce, ty, init) -> ir.Value:
         """A float sum in blocks of SUM_BLOCK elements of the innermost loop, the block sums added
@@ -444,7 +521,13 @@ class KernelEmitter:
 
     # -- scalar expressions
     def expr(self, e: Expr) -> ir.Value:
-        return EXPRESSIONS[type(e)](self, e)
+        if e.origin is None or self.scope is None:
+            return EXPRESSIONS[type(e)](self, e)
+        outer = self.b.debug_metadata
+        self.b.debug_metadata = self.location(self.line, e.origin)
+        value = EXPRESSIONS[type(e)](self, e)
+        self.b.debug_metadata = outer
+        return value
 
     def const(self, e: Const) -> ir.Value:
         if e.dtype == DType.bf16:

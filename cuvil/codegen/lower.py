@@ -19,6 +19,8 @@ How a group becomes loops:
   A value used more than once at the same index becomes a `Let`.
 - GEMM-based ops (`library.py`) bring their own parallel loop; the group's epilogue runs inside
   it over the block of the output each iteration computed.
+- Every statement and expression records the graph op it was built for (`origin`, stamped as soon
+  as the op's part is built: `GroupLowering.built_by`), for the report's per-op provenance.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from ..ir.types import DType, dim_str, dims_equal, norm_dim
 from . import scalar_ops
 from .index_math import Bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
-                        compute_dtype, free_symbols, identity, index_names, loop_var)
+                        compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .scalar_ops import call, cast, const
 
 INLINE_OPS = frozenset({"cuvil.literal", "cuvil.full", "cuvil.arange"})
@@ -80,10 +82,14 @@ def needs_memory(op: Operation) -> bool:
 
 def fusible_operands(op: Operation) -> list[Value]:
     """The operands of op whose producers may be computed inside op's kernel. The others are read
-    from memory: all operands of a GEMM-based op (BLAS reads buffers), and the table of a gather
+    from memory: the operands BLAS reads in a GEMM-based op (an im2col convolution gathers its
+    input element by element, so that one may be computed, e.g. a fused permute), and the table of a gather
     (read at a data-dependent index, which on-demand recomputation cannot follow)."""
+    from .library import gathered_operands
     kind = op_kind(op)
-    if kind in ("library", "unsupported"):
+    if kind == "library":
+        return gathered_operands(op)
+    if kind == "unsupported":
         return []
     return list(op.operands[1:]) if kind == "gather" else list(op.operands)
 
@@ -474,12 +480,28 @@ class GroupLowering:
         for scope in reversed(self.memo):
             if key in scope:
                 return scope[key]
-        e = self._compute(v, idx)
-        uses = sum(1 for u in v.uses if id(u) in self.members)
-        if uses > 1 and not isinstance(e, (Var, Const, Load, Index)):
-            e = self.let(e)
+        def compute():
+            e = self._compute(v, idx)
+            uses = sum(1 for u in v.uses if id(u) in self.members)
+            if uses > 1 and not isinstance(e, (Var, Const, Load, Index)):
+                e = self.let(e)
+            return e
+        # a group input, or a constant from outside the group, is part of the op that reads it
+        e = self.built_by(v.owner, compute) if id(v.owner) in self.members else compute()
         self.memo[-1][key] = e
         return e
+
+    def built_by(self, op: Operation, build: Callable[[], object]):
+        """`build()`, with what it emits and returns attributed to `op` (what the ops it reads built
+        is theirs already: they were built inside, and stamped first). A load of a group input is
+        its reader's."""
+        block = self.blocks[-1]
+        start = len(block)
+        out = build()
+        stamp(block[start:], op.id)
+        if isinstance(out, Expr):
+            stamp([out], op.id)
+        return out
 
     def _compute(self, v: Value, idx) -> Expr:
         if id(v) in self.materialized:
@@ -613,7 +635,7 @@ class GroupLowering:
         if all(_is_empty(v.type.shape) for v, _ in self.outputs.values()):
             pass        # every output is empty: nothing to compute (and no strides to divide by)
         elif roots:
-            LIBRARY[roots[0].name](self, roots[0])
+            self.built_by(roots[0], lambda: LIBRARY[roots[0].name](self, roots[0]))
         elif reductions:
             self._lower_reductions(reductions)
         else:
@@ -666,7 +688,7 @@ class GroupLowering:
             if which(v):
                 e = self.value(v, idx)
                 if not (isinstance(e, Load) and e.buf == buf and tuple(e.index) == tuple(map(norm_dim, idx))):
-                    self.emit(Store(buf, idx, cast(e, buf.dtype)))
+                    self.built_by(v.owner, lambda: self.emit(Store(buf, idx, cast(e, buf.dtype))))
 
     def _lower_elementwise(self) -> None:
         nests: list[tuple[tuple, set[int]]] = []     # (shape, the outputs of that shape)
@@ -702,7 +724,8 @@ class GroupLowering:
                     idx.append(next(it_i) if k in axes else next(it_o))
                 return idx
             for r in reductions:
-                self.reductions[id(r)] = REDUCTION_BODIES[r.name](self, r, axes, full, full_index)
+                self.reductions[id(r)] = self.built_by(r, lambda r=r: REDUCTION_BODIES[r.name](self, r, axes, full,
+                                                                                          full_index))
             self._store_reduction_outputs(reductions, full, axes, outer_idx, full_index)
         if outer_axes:
             self.iterate([full[k] for k in outer_axes], body, outer_only=True)
@@ -723,7 +746,8 @@ class GroupLowering:
             else:
                 raise CuvilVerifyError(f"group {self.name}: output {v.type} fits neither the reduced nor the "
                                        f"full index space {list(full)}", v.owner)
-            self.emit(Store(buf, idx, cast(self.value(v, idx), buf.dtype)))
+            e = self.value(v, idx)
+            self.built_by(v.owner, lambda: self.emit(Store(buf, idx, cast(e, buf.dtype))))
         fulls = [v for v, _ in self.outputs.values() if is_full(v)]
         if fulls:
             ranges = [(f"j{k}", full[k]) for k in axes]

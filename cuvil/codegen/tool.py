@@ -43,8 +43,9 @@ def main(argv=None) -> int:
             sys.stdout.write(print_kernels(kernels))
             return 0
         target = Target.host() if args.target == "host" else Target.cross(args.target)
-        # readable symbols here: each kernel under its own name (the JIT uses structural hashes)
-        mod = build_module(kernels, {k.name: k.name for k in kernels}, target)
+        # readable symbols here: each kernel under its own name (the JIT uses structural hashes), and
+        # no debug locations (they map report lines to graph ops, which a kernel file does not have)
+        mod = build_module(kernels, {k.name: k.name for k in kernels}, target, debug=False)
         if args.emit != "llvm":
             tm = target.target_machine()
             mod.data_layout = str(tm.target_data)

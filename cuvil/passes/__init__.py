@@ -6,7 +6,7 @@ from .pipeline import Pipeline, parse_pipeline
 from .manager import PassManager
 from .instruments import (ChangeDetector, DebugLog, Instrument, IRSnapshot, NumericCheck, PassTiming, PrintIR,
                           VerifyEach, WallTime, random_inputs)
-from . import named_pipelines  # noqa: F401  (registers O0, O1, O2)
+from . import named_pipelines  # noqa: F401  (registers O0 to O3)
 
 __all__ = [
     "ModulePass", "PassRecord", "all_passes", "all_pipelines", "get_pass", "register_pass", "register_pipeline",

@@ -58,6 +58,8 @@ def _refusal(module: Module, bn: Operation) -> str | None:
     p = producer(bn.operands[0])
     if p is None or p.name not in FOLDABLE_PRODUCERS:
         return "not-after-conv-or-linear"
+    if p.name == "cuvil.conv2d" and p.attrs["layout"] != "nchw":
+        return "conv-not-nchw"          # batch norm's channels (dim 1) are not the conv's channels
     if p.name == "cuvil.linear" and p.result.type.rank != 2:
         return "linear-not-rank-2"      # batch norm's channels (dim 1) are not the linear's features
     if len(p.result.uses) != 1:

@@ -19,11 +19,13 @@ from .base import ModulePass, PassResult
 BUILTIN_PASSES: dict[str, str] = {
     "verify": "cuvil.passes.verify",
     "shape-infer": "cuvil.passes.shape_infer",
+    "mixed-precision": "cuvil.passes.mixed_precision",
     "canonicalize": "cuvil.passes.canonicalize",
     "cse": "cuvil.passes.cse",
     "dce": "cuvil.passes.dce",
     "fold-batchnorm": "cuvil.passes.fold_batchnorm",
     "fold-constants": "cuvil.passes.fold_constants",
+    "layout": "cuvil.passes.layout",
     "fuse": "cuvil.passes.fuse",
     "schedule": "cuvil.passes.schedule",
     "plan-memory": "cuvil.passes.plan_memory",

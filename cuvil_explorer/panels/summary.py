@@ -29,6 +29,10 @@ class SummaryPanel(Panel):
         if not t.is_ir:
             cell.append(("example inputs", html.escape(_describe((t.args, t.kwargs)))))
         cell.append(("cache", "hit: shown from the cell cache, nothing recompiled" if run.cached else "miss"))
+        low = [p["options"]["dtype"] for p in run.report.passes if p["name"] == "mixed-precision" and not p["skipped"]]
+        if low:
+            cell.append(("precision", f"{low[-1]}: torch.autocast's numerics (values rounded to {low[-1]} where "
+                                      f"autocast computes in it); the error below is against fp32"))
         extra = [("Cell", cell)]
         if run.engine != "native":
             cell.append(("runs on", f'<span class="cv-warn">the reference interpreter: {html.escape(run.note)}</span>'))

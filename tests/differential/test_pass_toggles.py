@@ -1,4 +1,4 @@
-"""Switching passes off never changes results: models compiled with O2 minus one pass, minus seeded
+"""Switching passes off never changes results: models compiled with O3 minus one pass, minus seeded
 random subsets of its passes, and minus all of them, match eager PyTorch at two batch sizes."""
 import random
 
@@ -10,19 +10,19 @@ from cuvil import zoo
 from cuvil.passes import Pipeline
 from test_compile_models import assert_within_eager_error, reduces
 
-O2_PASSES = [p.name for p in Pipeline.of("O2")]
+O3_PASSES = [p.name for p in Pipeline.of("O3")]
 
 
 def _subsets():
     rng = random.Random(2026)
-    yield from ([name] for name in O2_PASSES)
+    yield from ([name] for name in O3_PASSES)
     for _ in range(3):
-        yield sorted(rng.sample(O2_PASSES, rng.randint(2, len(O2_PASSES) - 1)))
-    yield list(O2_PASSES)
+        yield sorted(rng.sample(O3_PASSES, rng.randint(2, len(O3_PASSES) - 1)))
+    yield list(O3_PASSES)
 
 
 CASES = [(model, off) for model in ("cnn", "transformer") for off in _subsets()]
-CASES += [("mlp", off) for off in list(_subsets())[-4:]]
+CASES += [(model, off) for model in ("mlp", "resnet") for off in list(_subsets())[-4:]]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,7 +35,7 @@ def _private_cache_dir(tmp_path_factory):
 @pytest.mark.parametrize("name,off", CASES, ids=[f"{m}-without-{'+'.join(o)}" for m, o in CASES])
 def test_results_hold_with_passes_switched_off(name, off):
     entry = zoo.get(name)
-    model = cuvil.compile(entry.model, dynamic=entry.dynamic, ranges=entry.ranges, pipeline="O2", disable_passes=off)
+    model = cuvil.compile(entry.model, dynamic=entry.dynamic, ranges=entry.ranges, pipeline="O3", disable_passes=off)
     for batch in (1, 3):
         inputs = entry.inputs(batch=batch)
         out = model(*inputs)

@@ -193,6 +193,27 @@ def test_target_option_shows_another_machines_code_without_running_it(cuvil_cell
     assert "compiled for aarch64" in ex.panels["summary"].widget.value
 
 
+LINEAR_CELL = """import torch
+torch.manual_seed(0)
+layer = torch.nn.Linear(64, 32)
+layer(torch.randn(4, 64))
+"""
+
+
+def test_precision_option_gives_autocast_numerics(cuvil_cell):
+    out = cuvil_cell("--precision bf16 --panels pipeline,summary", LINEAR_CELL)
+    ex = out.explorer
+    layer, (x,) = ex.run.target.fn, ex.run.target.args
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = layer(x).float()
+    result = out.bound["_cuvil_result"]
+    assert (result - autocast).abs().max() <= 2 * 2.0 ** -8 * autocast.abs().max()
+    assert ex.run.max_abs_err > 1e-4                         # against fp32 eager: bf16's error shows
+    assert "mixed-precision" in [p["name"] for p in ex.run.report.passes]
+    assert "<th>precision</th><td>bf16: torch.autocast's numerics" in ex.panels["summary"].widget.value
+    assert "int8" in cuvil_cell("--precision int8", LINEAR_CELL).error.message
+
+
 def test_an_unknown_target_is_an_option_error(cuvil_cell):
     assert "sparc" in cuvil_cell("--target sparc", FOLDABLE).error.message
 

@@ -147,13 +147,42 @@ class MatmulOp(OpDef):
 
 # ----------------------------------------------------------------------------- convolution and pooling
 
+# ----------------------------------------------------------------------------- image layouts
+
+LAYOUTS = ("nchw", "nhwc")
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)          # permutations between the two
+WEIGHT_TO_HWIO, WEIGHT_TO_OIHW = (2, 3, 1, 0), (3, 2, 0, 1)
+
+
+def image_layout(attrs) -> str:
+    if attrs["layout"] not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {attrs['layout']!r}")
+    return attrs["layout"]
+
+
+def spatial_axes(rank: int, layout: str) -> tuple[int, int]:
+    """The axes of H and W: the last two (NCHW, or CHW at rank 3), or 1 and 2 (NHWC)."""
+    return (1, 2) if layout == "nhwc" else (rank - 2, rank - 1)
+
+
+def _in_nchw(attrs, fn, x, *rest):
+    """Evaluate the NCHW reference `fn` on an image in the op's layout."""
+    if attrs["layout"] == "nchw":
+        return fn(x, *rest)
+    return fn(x.permute(*TO_NCHW), *rest).permute(*TO_NHWC).contiguous()
+
+
+# ----------------------------------------------------------------------------- convolution and pooling
+
 @register_op
 class Conv2dOp(OpDef):
-    """2-d convolution, NCHW, weight `[out, in/groups, kh, kw]`."""
+    """2-d convolution. `layout = nchw`: x `[N, C, H, W]`, weight `[out, in/groups, kh, kw]`;
+    `layout = nhwc` (chosen by the `layout` pass): x `[N, H, W, C]`, weight pre-packed as
+    `[kh, kw, in/groups, out]`, result `[N, OH, OW, out]`."""
     name = "cuvil.conv2d"
     operands = ("x", "weight", "bias?")
     attrs = {"stride": optional("ints", [1, 1]), "padding": optional("ints", [0, 0]),
-             "dilation": optional("ints", [1, 1]), "groups": optional("int", 1)}
+             "dilation": optional("ints", [1, 1]), "groups": optional("int", 1), "layout": optional("str", "nchw")}
     tags = frozenset({"opaque"})
     amp = "always"
 
@@ -163,22 +192,31 @@ class Conv2dOp(OpDef):
         require_same_dtype(types)
         _require_rank(x, (4,), "x")
         _require_rank(w, (4,), "weight")
+        nhwc = image_layout(attrs) == "nhwc"
         groups = attrs["groups"]
-        out_ch, in_per_group, kh, kw = w.shape
+        if nhwc:
+            kh, kw, in_per_group, out_ch = w.shape
+        else:
+            out_ch, in_per_group, kh, kw = w.shape
         if not all(isinstance(d, int) for d in (out_ch, in_per_group, kh, kw)):
             raise ValueError(f"the weight of a convolution must have a static shape, got {w}")
-        if groups < 1 or out_ch % groups or not dims_equal(x.shape[1], in_per_group * groups):
+        channels = x.shape[3 if nhwc else 1]
+        if groups < 1 or out_ch % groups or not dims_equal(channels, in_per_group * groups):
             raise ValueError(f"channels of x {x} do not match weight {w} with groups = {groups}")
         for b in bias:
             _expect_shape(b, (out_ch,), "bias")
         stride, padding, dilation = (pair(attrs[k], k) for k in ("stride", "padding", "dilation"))
-        spatial = tuple(window_out(x.shape[2 + i], (kh, kw)[i], stride[i], padding[i], dilation[i], False)
-                        for i in range(2))
-        return [x.with_shape((x.shape[0], out_ch) + spatial)]
+        h, w_axis = spatial_axes(4, attrs["layout"])
+        spatial = tuple(window_out(x.shape[axis], (kh, kw)[i], stride[i], padding[i], dilation[i], False)
+                        for i, axis in enumerate((h, w_axis)))
+        return [x.with_shape((x.shape[0],) + spatial + (out_ch,) if nhwc else (x.shape[0], out_ch) + spatial)]
 
     @staticmethod
     def evaluate(attrs, x, weight, bias=None):
-        return F.conv2d(x, weight, bias, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"])
+        if attrs["layout"] == "nhwc":
+            weight = weight.permute(*WEIGHT_TO_OIHW)
+        return _in_nchw(attrs, lambda t: F.conv2d(t, weight, bias, attrs["stride"], attrs["padding"],
+                                                  attrs["dilation"], attrs["groups"]), x)
 
 
 def _pool_params(attrs) -> tuple[tuple[int, int], ...]:
@@ -190,42 +228,46 @@ def _pool_params(attrs) -> tuple[tuple[int, int], ...]:
     return kernel, stride, padding
 
 
-def _pool_shape(x: TensorType, kernel, stride, padding, dilation, ceil_mode) -> list[TensorType]:
-    _require_rank(x, (3, 4), "x")
-    spatial = tuple(window_out(x.shape[x.rank - 2 + i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
-                    for i in range(2))
-    return [x.with_shape(x.shape[:-2] + spatial)]
+def _pool_shape(x: TensorType, attrs, kernel, stride, padding, dilation, ceil_mode) -> list[TensorType]:
+    _require_rank(x, (4,) if image_layout(attrs) == "nhwc" else (3, 4), "x")
+    shape = list(x.shape)
+    for i, axis in enumerate(spatial_axes(x.rank, attrs["layout"])):
+        shape[axis] = window_out(x.shape[axis], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
+    return [x.with_shape(tuple(shape))]
 
 
 @register_op
 class MaxPool2dOp(OpDef):
-    """2-d max pooling over the last two dims; empty `stride` means `stride = kernel`."""
+    """2-d max pooling over H and W (the last two dims, or dims 1 and 2 with `layout = nhwc`);
+    empty `stride` means `stride = kernel`."""
     name = "cuvil.max_pool2d"
     operands = ("x",)
     attrs = {"kernel": required("ints"), "stride": optional("ints", []), "padding": optional("ints", [0, 0]),
-             "dilation": optional("ints", [1, 1]), "ceil_mode": optional("bool", False)}
+             "dilation": optional("ints", [1, 1]), "ceil_mode": optional("bool", False),
+             "layout": optional("str", "nchw")}
     tags = frozenset({"opaque"})
     amp = "follow"
 
     @staticmethod
     def infer(types, attrs):
         kernel, stride, padding = _pool_params(attrs)
-        return _pool_shape(types[0], kernel, stride, padding, pair(attrs["dilation"], "dilation"), attrs["ceil_mode"])
+        return _pool_shape(types[0], attrs, kernel, stride, padding, pair(attrs["dilation"], "dilation"),
+                           attrs["ceil_mode"])
 
     @staticmethod
     def evaluate(attrs, x):
-        return F.max_pool2d(x, attrs["kernel"], attrs["stride"] or None, attrs["padding"], attrs["dilation"],
-                            attrs["ceil_mode"])
+        return _in_nchw(attrs, lambda t: F.max_pool2d(t, attrs["kernel"], attrs["stride"] or None, attrs["padding"],
+                                                      attrs["dilation"], attrs["ceil_mode"]), x)
 
 
 @register_op
 class AvgPool2dOp(OpDef):
-    """2-d average pooling over the last two dims; `divisor` none = the window size."""
+    """2-d average pooling over H and W (see max_pool2d); `divisor` none = the window size."""
     name = "cuvil.avg_pool2d"
     operands = ("x",)
     attrs = {"kernel": required("ints"), "stride": optional("ints", []), "padding": optional("ints", [0, 0]),
              "ceil_mode": optional("bool", False), "count_include_pad": optional("bool", True),
-             "divisor": optional("int?")}
+             "divisor": optional("int?"), "layout": optional("str", "nchw")}
     tags = frozenset({"opaque"})
     amp = "follow"
 
@@ -233,20 +275,21 @@ class AvgPool2dOp(OpDef):
     def infer(types, attrs):
         require_float(types[0], "x")
         kernel, stride, padding = _pool_params(attrs)
-        return _pool_shape(types[0], kernel, stride, padding, (1, 1), attrs["ceil_mode"])
+        return _pool_shape(types[0], attrs, kernel, stride, padding, (1, 1), attrs["ceil_mode"])
 
     @staticmethod
     def evaluate(attrs, x):
-        return F.avg_pool2d(x, attrs["kernel"], attrs["stride"] or None, attrs["padding"], attrs["ceil_mode"],
-                            attrs["count_include_pad"], attrs["divisor"])
+        return _in_nchw(attrs, lambda t: F.avg_pool2d(t, attrs["kernel"], attrs["stride"] or None, attrs["padding"],
+                                                      attrs["ceil_mode"], attrs["count_include_pad"],
+                                                      attrs["divisor"]), x)
 
 
 @register_op
 class AdaptiveAvgPool2dOp(OpDef):
-    """Average pooling to a fixed `output_size` over the last two dims."""
+    """Average pooling to a fixed `output_size` over H and W (see max_pool2d)."""
     name = "cuvil.adaptive_avg_pool2d"
     operands = ("x",)
-    attrs = {"output_size": required("ints")}
+    attrs = {"output_size": required("ints"), "layout": optional("str", "nchw")}
     tags = frozenset({"opaque"})
     amp = "follow"
 
@@ -254,12 +297,15 @@ class AdaptiveAvgPool2dOp(OpDef):
     def infer(types, attrs):
         (x,) = types
         require_float(x, "x")
-        _require_rank(x, (3, 4), "x")
-        return [x.with_shape(x.shape[:-2] + pair(attrs["output_size"], "output_size"))]
+        _require_rank(x, (4,) if image_layout(attrs) == "nhwc" else (3, 4), "x")
+        shape = list(x.shape)
+        for axis, size in zip(spatial_axes(x.rank, attrs["layout"]), pair(attrs["output_size"], "output_size")):
+            shape[axis] = size
+        return [x.with_shape(tuple(shape))]
 
     @staticmethod
     def evaluate(attrs, x):
-        return F.adaptive_avg_pool2d(x, attrs["output_size"])
+        return _in_nchw(attrs, lambda t: F.adaptive_avg_pool2d(t, attrs["output_size"]), x)
 
 
 # ----------------------------------------------------------------------------- lookup and attention

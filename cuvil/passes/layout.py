@@ -1,0 +1,154 @@
+"""The `layout` pass: convolution-heavy functions run in NHWC (channels last).
+
+In NHWC a convolution's im2col rows are runs of contiguous channels, a 1x1 convolution is one GEMM
+over every image at once, and the epilogues and pools that follow walk the channels with unit
+stride. The pass works in three steps:
+
+1. convert: each NCHW conv2d and pooling op becomes its NHWC form between two conversions,
+       permute(x, to NHWC) -> op {layout = "nhwc"} -> permute(result, to NCHW),
+   and a convolution's weight is pre-packed at compile time as `[kh, kw, in/groups, out]` (a new
+   module constant, `stem.0.weight.hwio`; a weight that is not a constant is permuted at run time);
+2. sink: a conversion to NCHW moves below the elementwise ops that read it, when their other
+   operands are conversions too, already converted (a residual input that also feeds a converted
+   conv), constants or broadcasts of lower rank (these are reshaped and permuted instead, which is
+   folded work for a constant and a cheap view otherwise);
+3. cancel: `permute(permute(x, p), q)` with `p` then `q` the identity is `x` (canonicalize's
+   patterns). What is left are the conversions at the function's edges and before ops that need
+   NCHW, such as a flatten; the statistics count them.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..ir.core import Module, Operation, Value
+from ..ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO
+from ..ir.types import TensorType
+from .base import ModulePass
+from .canonicalize import permute_identity, permute_permute
+from .fold_constants import add_constant
+from .registry import register_pass
+from .rewrite import ANY_OP, Rewriter, apply_patterns, producer
+
+IMAGE_OPS = frozenset({"cuvil.conv2d", "cuvil.max_pool2d", "cuvil.avg_pool2d", "cuvil.adaptive_avg_pool2d"})
+CONSTANT_SOURCES = frozenset({"cuvil.const", "cuvil.literal", "cuvil.full"})
+
+
+@register_pass
+@dataclass(frozen=True)
+class LayoutPass(ModulePass):
+    """Run convolutions and pools in NHWC with pre-packed weights, conversions sunk and cancelled.
+
+    The conversions move through elementwise ops and the pairs that meet cancel. A function is converted when it has at least `min-convs` convolutions. Statistics: ops converted
+    and kept (by op), weights packed, conversions inserted, sunk, cancelled and left."""
+    name = "layout"
+    priority = 85
+    requires = frozenset({"verified"})
+    min_convs: int = 1
+
+    def run(self, module: Module) -> dict:
+        converted: Counter = Counter()
+        kept: Counter = Counter()
+        packed = inserted = 0
+        before = _conversions(module)
+        for fn in module.functions.values():
+            ops = [op for op in fn.ops if _convertible(op)]
+            if sum(op.name == "cuvil.conv2d" for op in ops) < self.min_convs:
+                kept.update(op.name.removeprefix("cuvil.") for op in ops)
+                continue
+            rw = Rewriter(module, fn)
+            for op in ops:
+                packed += _to_nhwc(rw, op)
+                converted[op.name.removeprefix("cuvil.")] += 1
+                inserted += 2
+        fired = apply_patterns(module, {ANY_OP: [sink_conversion],
+                                        "cuvil.permute": [permute_permute, permute_identity]})
+        return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
+                "weights-packed": packed,
+                "conversions-inserted": inserted, "sunk": fired["sink_conversion"],
+                "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
+
+
+def _convertible(op: Operation) -> bool:
+    return op.name in IMAGE_OPS and op.attrs["layout"] == "nchw" and op.operands[0].type.rank == 4
+
+
+def _permuted_type(t: TensorType, perm) -> TensorType:
+    return t.with_shape(tuple(t.shape[p] for p in perm))
+
+
+def _to_nhwc(rw: Rewriter, op: Operation) -> int:
+    """Rewrite `op` to NHWC between conversions; 1 when a weight was packed at compile time."""
+    x, *rest = op.operands
+    packed = 0
+    if op.name == "cuvil.conv2d":
+        weight = rest[0]
+        data = rw.module.constants.get(producer(weight).attrs["name"]) \
+            if producer(weight) is not None and producer(weight).name == "cuvil.const" else None
+        if data is not None:
+            name = add_constant(rw.module, f"{producer(weight).attrs['name']}.hwio", data.permute(*WEIGHT_TO_HWIO))
+            rest[0] = rw.create(op, "cuvil.const", attrs={"name": name},
+                                result_types=[_permuted_type(weight.type, WEIGHT_TO_HWIO)]).result
+            packed = 1
+        else:
+            rest[0] = rw.create(op, "cuvil.permute", [weight], {"perm": list(WEIGHT_TO_HWIO)}).result
+    x_nhwc = rw.create(op, "cuvil.permute", [x], {"perm": list(TO_NHWC)}).result
+    nhwc = rw.create(op, op.name, [x_nhwc, *rest], {**op.attrs, "layout": "nhwc"})
+    back = rw.create(op, "cuvil.permute", [nhwc.result], {"perm": list(TO_NCHW)})
+    rw.replace(op, back.results)
+    return packed
+
+
+def _is_conversion(v: Value) -> bool:
+    p = producer(v)
+    return p is not None and p.name == "cuvil.permute" and tuple(p.attrs["perm"]) == TO_NCHW
+
+
+def _nhwc_copy(v: Value, op: Operation, rw: Rewriter) -> Value | None:
+    """A conversion of `v` to NHWC that already runs before `op` (a residual input that also
+    feeds a converted conv), or None."""
+    for u in v.uses:
+        if u.name == "cuvil.permute" and tuple(u.attrs["perm"]) == TO_NHWC and rw.alive(u) \
+                and rw.fn.ops.index(u) < rw.fn.ops.index(op):
+            return u.result
+    return None
+
+
+def _cheap_to_convert(v: Value, op: Operation, rw: Rewriter) -> bool:
+    """Operands an elementwise op may take in NHWC at no run-time cost: conversions (they cancel),
+    values already converted, constants (the conversion folds) and lower-rank broadcasts."""
+    return v.type.rank < 4 or _is_conversion(v) or _constant(v) or _nhwc_copy(v, op, rw) is not None
+
+
+def sink_conversion(op: Operation, rw: Rewriter) -> bool:
+    """elementwise(permute(y, to NCHW), ...) -> permute(elementwise(y, ...), to NCHW)."""
+    if not op.has_tag("elementwise") or len(op.results) != 1 or op.result.type.rank != 4:
+        return False
+    if not any(_is_conversion(v) for v in op.operands) or \
+            not all(_cheap_to_convert(v, op, rw) for v in op.operands):
+        return False
+    operands = []
+    for v in op.operands:
+        if v.type.rank == 0 or _nhwc_copy(v, op, rw) is not None:
+            operands.append(v if v.type.rank == 0 else _nhwc_copy(v, op, rw))
+            continue
+        if v.type.rank < 4:     # broadcast: the same elements at rank 4, then to NHWC
+            v = rw.create(op, "cuvil.reshape", [v], {"shape": [1] * (4 - v.type.rank) + list(v.type.shape)}).result
+        operands.append(rw.create(op, "cuvil.permute", [v], {"perm": list(TO_NHWC)}).result)
+    nhwc = rw.create(op, op.name, operands, dict(op.attrs))
+    rw.replace(op, rw.create(op, "cuvil.permute", [nhwc.result], {"perm": list(TO_NCHW)}).results)
+    return True
+
+
+def _conversions(module: Module) -> int:
+    """Layout conversions that run: those of constants are folded work."""
+    return sum(op.name == "cuvil.permute" and tuple(op.attrs["perm"]) in (TO_NCHW, TO_NHWC)
+               and not _constant(op.operands[0]) for fn in module.functions.values() for op in fn.ops)
+
+
+def _constant(v: Value) -> bool:
+    """A constant, or a view of one."""
+    p = producer(v)
+    while p is not None and p.has_tag("view"):
+        p = producer(p.operands[0])
+    return p is not None and p.name in CONSTANT_SOURCES

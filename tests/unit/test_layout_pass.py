@@ -1,0 +1,128 @@
+"""The `layout` pass: the zoo CNNs in NHWC (O3) run by the interpreter and natively against eager
+PyTorch, its statistics checked by hand against the models' structure, sinking through residual
+adds and per-channel parameters, and the `layout` attribute's checks."""
+import pytest
+import torch
+from torch import nn
+
+import cuvil
+from cuvil import zoo
+from cuvil.compiler import compile_module
+from cuvil.errors import CuvilError
+from cuvil.ir import interpret, parse, verify
+from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC
+
+O3_GRAPH = "verify,shape-infer,fold-constants,fold-batchnorm,layout,canonicalize{fold-constants=false},cse,dce"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+def layout_statistics(report) -> dict:
+    return next(p["statistics"] for p in report.passes if p["name"] == "layout")
+
+
+def conversions(module) -> list:
+    return [op for op in module.main.ops if op.name == "cuvil.permute"
+            and tuple(op.attrs["perm"]) in (TO_NCHW, TO_NHWC)]
+
+
+@pytest.fixture(scope="module", params=["cnn", "resnet"])
+def converted(request):
+    entry = zoo.get(request.param)
+    module = cuvil.import_model(entry.model, entry.example_inputs, dynamic=entry.dynamic,
+                                ranges=entry.ranges).module
+    return entry, compile_module(module, pipeline=O3_GRAPH, name=request.param, native=False), module
+
+
+def test_every_conv_and_pool_runs_in_nhwc_with_two_conversions_left(converted):
+    entry, compilation, module = converted
+    layers = list(entry.model.modules())
+    convs = sum(isinstance(m, nn.Conv2d) for m in layers)
+    pools = sum(isinstance(m, (nn.MaxPool2d, nn.AdaptiveAvgPool2d)) for m in layers) + (entry.name == "resnet")
+    stats = layout_statistics(compilation.report)
+    assert stats["converted"].get("conv2d") == convs
+    assert sum(stats["converted"].values()) - convs == pools
+    assert stats["weights-packed"] == convs
+    assert stats["conversions-left"] == 2
+    images = [op for op in module.main.ops if op.name.endswith(("conv2d", "pool2d"))]
+    assert images and all(op.attrs["layout"] == "nhwc" for op in images)
+    # the input's conversion, and the global pool's back to NCHW for the flatten
+    left = conversions(module)
+    assert [tuple(op.attrs["perm"]) for op in left] == [TO_NHWC, TO_NCHW]
+    assert left[0].operands[0] is module.main.args[0]
+
+
+def test_nhwc_graph_interprets_like_eager(converted):
+    entry, _, module = converted
+    for batch in (1, 3):
+        inputs = entry.inputs(batch=batch)
+        with torch.no_grad():
+            eager = entry.model(*inputs)
+        (out,) = interpret(module, *inputs)
+        torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet"])
+def test_o3_native_matches_eager_at_several_batch_sizes(name):
+    entry = zoo.get(name)
+    model = cuvil.compile(entry.model, dynamic=entry.dynamic, ranges=entry.ranges, pipeline="O3")
+    for batch in (1, 2, 5):
+        inputs = entry.inputs(batch=batch)
+        with torch.no_grad():
+            torch.testing.assert_close(model(*inputs), entry.model(*inputs), rtol=1e-4, atol=1e-5)
+    assert layout_statistics(model.report)["converted"]["conv2d"] > 0
+
+
+class ScaledResidual(nn.Module):
+    """conv -> per-channel scale (a [C,1,1] parameter) -> + the block's input -> relu -> conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.scale = nn.Parameter(torch.randn(8, 1, 1))
+        self.conv2 = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.conv1(x) * self.scale + x))
+
+
+def test_conversions_sink_through_broadcasts_and_residual_adds():
+    torch.manual_seed(0)
+    model = ScaledResidual().eval()
+    x = torch.randn(2, 8, 6, 6)
+    compiled = cuvil.compile(model, pipeline="O3")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    stats = layout_statistics(compiled.report)
+    # mul (by the scale), add (of x, whose conversion is conv1's input one) and relu run in NHWC
+    assert stats["sunk"] == 3
+    assert stats["conversions-left"] == 2
+    ops = [op.name for op in parse(compiled.report.output_ir).main.ops]
+    assert ops.count("cuvil.permute") - 1 == 2   # the two conversions, and the scale's (a folded constant view)
+
+
+def test_single_conv_function_is_converted_but_min_convs_can_keep_it():
+    conv = nn.Conv2d(4, 4, 3).eval()
+    x = torch.randn(1, 4, 8, 8)
+    report = cuvil.explain(conv, x, pipeline="O3")
+    assert layout_statistics(report)["converted"] == {"conv2d": 1}
+    report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2}", native=False)
+    assert layout_statistics(report) == {"converted": {}, "kept": {"conv2d": 1}, "weights-packed": 0,
+                                         "conversions-inserted": 0, "sunk": 0, "cancelled": 0,
+                                         "conversions-left": 0}
+
+
+def test_unknown_layout_is_a_verify_error_with_its_location():
+    text = ('cuvil.func @f(%x: tensor<1x4x4x2xf32>) -> tensor<1x2x2x2xf32> {\n'
+            '  %p = cuvil.max_pool2d %x {kernel = [2, 2], layout = "nchwc"} : '
+            'tensor<1x4x4x2xf32> -> tensor<1x2x2x2xf32>\n'
+            '  cuvil.return %p : tensor<1x2x2x2xf32>\n}\n')
+    with pytest.raises(CuvilError) as e:
+        verify(parse(text))
+    assert "layout must be one of nchw, nhwc, got 'nchwc'" in str(e.value)
+    assert ":2:" in str(e.value)

@@ -1,0 +1,58 @@
+"""`precision="bf16"/"fp16"` (the mixed-precision pass) against eager PyTorch under torch.autocast:
+the compiled models agree with autocast to within a couple of low-precision rounding steps of
+the output's scale, while they differ from fp32 eager by far more than fp32 Cuvil does."""
+import pytest
+import torch
+
+import cuvil
+from cuvil import zoo
+from cuvil.errors import CuvilError
+
+LOW = {"bf16": (torch.bfloat16, 2.0 ** -8), "fp16": (torch.float16, 2.0 ** -11)}   # dtype, unit roundoff
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+def max_err(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("name,precision", [("mlp", "bf16"), ("cnn", "bf16"), ("transformer", "bf16"),
+                                            ("mlp", "fp16")])
+def test_low_precision_matches_autocast(name, precision):
+    entry = zoo.get(name)
+    dtype, unit = LOW[precision]
+    inputs = entry.inputs(batch=2)
+    low = cuvil.compile(entry.model, precision=precision)(*inputs)
+    full = cuvil.compile(entry.model)(*inputs)
+    with torch.no_grad():
+        eager = entry.model(*inputs)
+        with torch.autocast("cpu", dtype=dtype):
+            autocast = entry.model(*inputs)
+    scale = eager.abs().max().item()
+    assert max_err(low, autocast) <= 4 * unit * scale          # a few roundings of the output apart
+    assert max_err(low, eager) > 100 * max(max_err(full, eager), 1e-7)   # low precision did happen
+    assert max_err(low, eager) <= 16 * unit * scale
+
+
+def test_statistics_count_the_mlp_ops_by_policy():
+    entry = zoo.get("mlp")
+    report = cuvil.explain(entry.model, *entry.example_inputs, precision="bf16", native=False)
+    (record,) = [p for p in report.passes if p["name"] == "mixed-precision"]
+    # three linears: weight, bias and result rounded, the first one's input x too (the others get
+    # a relu's rounded result), and two relus on low values: 4 + 1 + 3 + 1 + 3 roundings
+    assert record["statistics"] == {"always": 3, "follow": 2, "roundings": 12}
+    assert record["options"] == {"dtype": "bf16"}
+
+
+def test_fp32_adds_no_pass_and_a_bad_precision_is_named():
+    entry = zoo.get("mlp")
+    report = cuvil.explain(entry.model, *entry.example_inputs, native=False)
+    assert "mixed-precision" not in [p["name"] for p in report.passes]
+    with pytest.raises(CuvilError, match="precision must be one of fp32, bf16, fp16, not 'int8'"):
+        cuvil.compile(entry.model, precision="int8")
