@@ -389,6 +389,7 @@ class GroupLowering:
         self.known: Bounds = {}
         self.mask: Expr | None = None
         self._names = itertools.count()
+        self._enclosing: list[str] = []      # loop and reduction variables of the statements being built
         self._collect_buffers()
 
     # -- buffers
@@ -443,11 +444,22 @@ class GroupLowering:
         self.memo.pop()
         return self.blocks.pop()
 
+    def _unshadowed(self, var: str) -> str:
+        """`var`, or a variant of it when an enclosing loop has that name (a window op computed
+        inside another's window: a pool over a depthwise convolution, both over kh and kw)."""
+        name, n = var, 1
+        while name in self._enclosing:
+            name, n = f"{var}_{n}", n + 1
+        return name
+
     def loop(self, var: str, extent, body: Callable[[sympy.Symbol], None], start=0, parallel=False) -> None:
+        var = self._unshadowed(var)
         v = loop_var(var)
         self.known[v] = (sympy.Integer(0) + start, sympy.sympify(start) + extent - 1)
         self.push()
+        self._enclosing.append(var)
         body(v)
+        self._enclosing.pop()
         stmts = self.pop()
         if stmts:
             self.emit(Loop(var, start, extent, stmts, parallel))
@@ -462,12 +474,15 @@ class GroupLowering:
             folded = self.reduce(kind, ranges, lambda vars: cast(value(vars), DType.i8), DType.i8, prefix)
             return self.let(cast(folded, DType.bool), prefix or kind)
         syms = []
+        ranges = [(self._unshadowed(var), start, extent) for var, start, extent in ranges]
         for var, start, extent in ranges:
             s = loop_var(var)
             self.known[s] = (sympy.sympify(start), sympy.sympify(start) + extent - 1)
             syms.append(s)
         self.push()
+        self._enclosing.extend(var for var, _, _ in ranges)
         v = cast(value(syms), dtype)
+        del self._enclosing[len(self._enclosing) - len(ranges):]
         body = self.pop()
         out = Var(self.fresh(prefix or kind), dtype)
         self.emit(Reduce(out, kind, [Range(n, s, e) for n, s, e in ranges], identity(kind, dtype), body, v))

@@ -126,3 +126,17 @@ def test_unknown_layout_is_a_verify_error_with_its_location():
         verify(parse(text))
     assert "layout must be one of nchw, nhwc, got 'nchwc'" in str(e.value)
     assert ":2:" in str(e.value)
+
+
+@pytest.mark.parametrize("pipeline", ["O2", "O3"])
+def test_pool_over_a_depthwise_conv_in_one_kernel(pipeline):
+    # both window ops reduce over kh and kw: the pool's loops enclose the conv's, so the lowering
+    # renames the inner ones (the kernel verifier refused the shadowing before)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU(), nn.MaxPool2d(2)).eval()
+    x = torch.randn(2, 8, 16, 16)
+    compiled = cuvil.compile(model, pipeline=pipeline)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+    (kernel,) = compiled.report.kernels
+    assert "kh_1" in kernel["kernel_ir"]
