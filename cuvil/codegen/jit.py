@@ -190,7 +190,7 @@ def build_module(kernels, symbols: dict[str, str], target: Target, lines: dict[s
                  debug: bool = True) -> llvm.ModuleRef:
     """Kernel IR -> one verified LLVM module (each distinct structure emitted once), with debug
     locations unless `debug=False`; `lines`: each kernel's LineMap (printed here if not given)."""
-    mb = ModuleBuilder(debug=debug)
+    mb = ModuleBuilder(debug=debug, target=target)
     done = set()
     for k in kernels:
         sym = symbols[k.name]

@@ -361,7 +361,9 @@ GEMM_INTS = ("m", "n", "k", "lda", "ldb", "ldc")
 
 @dataclass
 class Gemm(Stmt):
-    """C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major f32 (cblas_sgemm)."""
+    """C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major f32 (cblas_sgemm). With
+    `b_panels`, B is pre-packed in panels of 32 columns (`panel_gemm.py`; `b` points at the first
+    panel the call uses, `ldb` is unused) and the call is C = A @ B."""
     c: BufRef
     a: BufRef
     b: BufRef
@@ -375,8 +377,11 @@ class Gemm(Stmt):
     trans_b: bool = False
     alpha: float = 1.0
     beta: float = 0.0
+    b_panels: bool = False
 
     def __post_init__(self):
+        if self.b_panels and (self.trans_a or self.trans_b or self.alpha != 1.0 or self.beta != 0.0):
+            raise ValueError("a gemm with b_panels computes C = A @ B: no transposes, alpha 1, beta 0")
         for name in GEMM_INTS:
             setattr(self, name, as_index(getattr(self, name)))
         for name in ("a", "b", "c"):

@@ -204,7 +204,8 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
                     for r in ("c", "a", "b")]
             ints = [f"{f}={index_str(getattr(s, f))}" for f in GEMM_INTS]
             rest = [f"trans_a={str(s.trans_a).lower()}", f"trans_b={str(s.trans_b).lower()}",
-                    f"alpha={format_float(s.alpha)}", f"beta={format_float(s.beta)}"]
+                    f"alpha={format_float(s.alpha)}", f"beta={format_float(s.beta)}"] + \
+                (["b_panels=true"] if s.b_panels else [])
             lines.append(f"{pad}gemm {', '.join(refs + ints + rest)}")
         else:
             raise TypeError(f"unknown statement {s!r}")
@@ -556,7 +557,7 @@ class _Parser:
                 fields[key.text] = BufRef(buf, off)
             elif key.text in GEMM_INTS:
                 fields[key.text] = self.index_expr()
-            elif key.text in ("trans_a", "trans_b"):
+            elif key.text in ("trans_a", "trans_b", "b_panels"):
                 v = self.expect_kind("ident", "true or false")
                 if v.text not in ("true", "false"):
                     raise self.error("expected true or false", v)

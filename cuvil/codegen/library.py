@@ -24,7 +24,7 @@ import sympy
 from ..errors import CuvilUnsupportedOpError
 from ..ir.core import Operation
 from ..ir.ops.common import pair
-from ..ir.ops.nn import spatial_axes
+from ..ir.ops.nn import PANEL, spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
@@ -279,9 +279,10 @@ def _column_tiles(n) -> tuple[int, object]:
     return 1, n
 
 
-def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True):
+def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, b_panels=False):
     """C[rows, n] = A[rows, k] @ op(B) in parallel tiles of rows and columns; each tile then runs
-    the epilogue over its block (`row_shape`: the output dims the flat row index spans)."""
+    the epilogue over its block (`row_shape`: the output dims the flat row index spans). With
+    `b_panels`, B is packed in panels (`panel_gemm.py`; COL_TILE is a multiple of their width)."""
     row_tiles = norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE))
     col_tiles, width = _column_tiles(n)
 
@@ -290,9 +291,9 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True):
         count = sympy.Min(ROW_TILE, rows - ROW_TILE * t) if row_tiles != 1 else rows
         cols = sympy.Min(width, n - width * c) if col_tiles != 1 else n
         first, first_col = ROW_TILE * t, width * c
-        lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k),
-                     BufRef(B, first_col * ldb if trans_b else first_col), count, cols, k, k, ldb, n,
-                     trans_b=trans_b))
+        b_offset = first_col * k if b_panels else first_col * ldb if trans_b else first_col
+        lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k), BufRef(B, b_offset), count, cols, k,
+                     k, ldb, n, trans_b=trans_b, b_panels=b_panels))
 
         def row(r):
             idx = _decompose(lw, first + r, row_shape)
@@ -309,10 +310,16 @@ def linear(lw, op):
     x, w = op.operands[:2]
     T = _raw_buffer(lw, op)
     _materialize(lw, op, T, -1)
-    out_f, in_f = w.type.shape
     row_shape = list(x.type.shape[:-1])
     rows = norm_dim(sympy.Mul(*row_shape))
-    _row_tiles(lw, T, rows, out_f, lw.inputs[id(x)], lw.inputs[id(w)], in_f, in_f, True, row_shape)
+    X, Wt = lw.inputs[id(x)], lw.inputs[id(w)]
+    out_f = op.attrs["out_features"]
+    if out_f is not None:       # pre-packed in panels by the layout pass
+        in_f = w.type.shape[1]
+        _row_tiles(lw, T, rows, out_f, X, Wt, in_f, PANEL, False, row_shape, b_panels=True)
+        return
+    out_f, in_f = w.type.shape
+    _row_tiles(lw, T, rows, out_f, X, Wt, in_f, in_f, True, row_shape)
 
 
 def matmul(lw, op):

@@ -38,6 +38,8 @@ from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Le
                         loop_var)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
+from .panel_gemm import emit_panel_gemm, panel_rows
+from .target import Target
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 PTR = ir.PointerType()
@@ -66,7 +68,8 @@ PAIRWISE_DEPTH = 64
 class ModuleBuilder:
     """Collects kernels into one llvmlite module (with debug locations unless `debug=False`)."""
 
-    def __init__(self, name: str = "cuvil", debug: bool = True):
+    def __init__(self, name: str = "cuvil", debug: bool = True, target: Target | None = None):
+        self.target = target or Target.host()
         self.module = ir.Module(name)
         self.math = MathLib(self.module)
         self.unit = self._compile_unit() if debug else None
@@ -123,6 +126,20 @@ class ModuleBuilder:
             fn.linkage = "internal"
             fn.attributes.add("nounwind")
             (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta)
+        return fn
+
+
+    def panel_gemm_function(self) -> ir.Function:
+        """`void (ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda, i64 ldc)`: C = A @ B with B
+        packed in panels (`panel_gemm.py`), blocked for the target's vector registers."""
+        name = "cuvil.panel_gemm"
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * 3 + [I64] * 5), name=name)
+            fn.linkage = "internal"
+            fn.attributes.add("nounwind")
+            lanes = self.target.vector_floats
+            emit_panel_gemm(fn, lanes, panel_rows(lanes, self.target.vector_registers))
         return fn
 
 
@@ -398,6 +415,11 @@ class KernelEmitter:
         (decided here when m is a constant, else by a branch at run time)."""
         b = self.b
         m = sympy.sympify(s.m)
+        if s.b_panels:
+            b.call(self.mb.panel_gemm_function(), [self._gemm_ptr(s.c), self._gemm_ptr(s.a), self._gemm_ptr(s.b),
+                                                   self.index(s.m), self.index(s.n), self.index(s.k),
+                                                   self.index(s.lda), self.index(s.ldc)])
+            return
         if s.trans_a or (m.is_Integer and m > SMALL_GEMM_MAX_ROWS):
             self._sgemm(s)
         elif m.is_Integer:

@@ -72,6 +72,18 @@ class Target:
                                             codemodel="jitdefault" if jit else "default", jit=jit,
                                             abiname=self.abiname)
 
+    @property
+    def vector_floats(self) -> int:
+        """f32 lanes of the vectors Cuvil's hand-blocked loops use: 16 with AVX-512, 8 on other
+        x86-64 (AVX2), 4 elsewhere (NEON; RISC-V V at its 128-bit minimum)."""
+        if self.has_feature("avx512f"):
+            return 16
+        return 8 if self.arch == "x86_64" else 4
+
+    @property
+    def vector_registers(self) -> int:
+        return 16 if self.arch == "x86_64" and not self.has_feature("avx512f") else 32
+
     def __str__(self) -> str:
         return f"{self.triple} ({self.cpu})"
 

@@ -60,6 +60,8 @@ def _refusal(module: Module, bn: Operation) -> str | None:
         return "not-after-conv-or-linear"
     if p.name == "cuvil.conv2d" and p.attrs["layout"] != "nchw":
         return "conv-not-nchw"          # batch norm's channels (dim 1) are not the conv's channels
+    if p.name == "cuvil.linear" and p.attrs["out_features"] is not None:
+        return "linear-packed"          # the weight is in panels (the layout pass runs later in O3)
     if p.name == "cuvil.linear" and p.result.type.rank != 2:
         return "linear-not-rank-2"      # batch norm's channels (dim 1) are not the linear's features
     if len(p.result.uses) != 1:

@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import torch
+
 from ..ir.core import Module, Operation, Value
-from ..ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO
+from ..ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_panels
 from ..ir.types import TensorType
 from .base import ModulePass
 from .canonicalize import permute_identity, permute_permute
@@ -45,6 +47,7 @@ class LayoutPass(ModulePass):
     priority = 85
     requires = frozenset({"verified"})
     min_convs: int = 1
+    pack_linear: bool = True
 
     def run(self, module: Module) -> dict:
         converted: Counter = Counter()
@@ -61,16 +64,36 @@ class LayoutPass(ModulePass):
                 packed += _to_nhwc(rw, op)
                 converted[op.name.removeprefix("cuvil.")] += 1
                 inserted += 2
+        linears = sum(_pack_linear(Rewriter(module, fn), op) for fn in module.functions.values()
+                      for op in list(fn.ops) if self.pack_linear and op.name == "cuvil.linear")
         fired = apply_patterns(module, {ANY_OP: [sink_conversion],
                                         "cuvil.permute": [permute_permute, permute_identity]})
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
-                "weights-packed": packed,
+                "weights-packed": packed, "linears-packed": linears,
                 "conversions-inserted": inserted, "sunk": fired["sink_conversion"],
                 "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
 
 
 def _convertible(op: Operation) -> bool:
     return op.name in IMAGE_OPS and op.attrs["layout"] == "nchw" and op.operands[0].type.rank == 4
+
+
+def _pack_linear(rw: Rewriter, op: Operation) -> int:
+    """Pack a linear's constant fp32 weight in panels (`codegen/panel_gemm.py`): 1 if it did."""
+    weight = op.operands[1]
+    p = producer(weight)
+    data = rw.module.constants.get(p.attrs["name"]) if p is not None and p.name == "cuvil.const" else None
+    if data is None or op.attrs["out_features"] is not None or data.dtype != torch.float32 or data.dim() != 2:
+        return 0
+    if any(u is not op for u in weight.uses):   # tied (an embedding's table): packing would store it twice
+        return 0
+    name = add_constant(rw.module, f"{p.attrs['name']}.panels", pack_panels(data))
+    packed = rw.create(op, "cuvil.const", attrs={"name": name},
+                       result_types=[weight.type.with_shape(tuple(rw.module.constants[name].shape))]).result
+    new = rw.create(op, "cuvil.linear", [op.operands[0], packed, *op.operands[2:]],
+                    {**op.attrs, "out_features": data.shape[0]})
+    rw.replace(op, new.results)
+    return 1
 
 
 def _permuted_type(t: TensorType, perm) -> TensorType:

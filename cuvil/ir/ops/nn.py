@@ -94,9 +94,12 @@ class BatchNormOp(OpDef):
 
 @register_op
 class LinearOp(OpDef):
-    """`x @ weight.T + bias` with weight `[out, in]`."""
+    """`x @ weight.T + bias` with weight `[out, in]`; with `out_features` set (by the `layout` pass)
+    the weight is pre-packed in panels of PANEL columns, `[ceil(out / PANEL), in, PANEL]`
+    (`weight[p, k, j] = W[PANEL * p + j, k]`, zero-padded)."""
     name = "cuvil.linear"
     operands = ("x", "weight", "bias?")
+    attrs = {"out_features": optional("int?")}
     tags = frozenset({"opaque"})
     amp = "always"
 
@@ -104,17 +107,41 @@ class LinearOp(OpDef):
     def infer(types, attrs):
         x, w, *bias = types
         require_same_dtype(types)
-        if x.rank < 1 or w.rank != 2:
-            raise ValueError(f"linear needs x of rank >= 1 and a 2-d weight, got {types_str(types)}")
+        out = attrs["out_features"]
+        if x.rank < 1 or w.rank != (2 if out is None else 3):
+            raise ValueError(f"linear needs x of rank >= 1 and a {'2' if out is None else '3'}-d weight, "
+                             f"got {types_str(types)}")
+        if out is not None and (out < 1 or w.shape[0] != -(-out // PANEL) or w.shape[2] != PANEL):
+            raise ValueError(f"a weight packed for out_features = {out} must be "
+                             f"[{-(-out // PANEL) if out >= 1 else '?'}, in, {PANEL}], got {w}")
         if not dims_equal(x.shape[-1], w.shape[1]):
             raise ValueError(f"in-features differ: x {x} against weight {w}")
+        out = w.shape[0] if out is None else out
         for b in bias:
-            _expect_shape(b, (w.shape[0],), "bias")
-        return [x.with_shape(x.shape[:-1] + (w.shape[0],))]
+            _expect_shape(b, (out,), "bias")
+        return [x.with_shape(x.shape[:-1] + (out,))]
 
     @staticmethod
     def evaluate(attrs, x, weight, bias=None):
+        if attrs["out_features"] is not None:
+            weight = unpack_panels(weight, attrs["out_features"])
         return F.linear(x, weight, bias)
+
+
+PANEL = 32      # columns per packed panel of a linear's weight (codegen/panel_gemm.py)
+
+
+def pack_panels(weight):
+    """`[out, in]` -> `[ceil(out / PANEL), in, PANEL]`, zero-padded."""
+    out, inner = weight.shape
+    panels = -(-out // PANEL)
+    padded = weight.new_zeros(panels * PANEL, inner)
+    padded[:out] = weight
+    return padded.reshape(panels, PANEL, inner).transpose(1, 2).contiguous()
+
+
+def unpack_panels(packed, out: int):
+    return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:out]
 
 
 @register_op

@@ -1,0 +1,112 @@
+"""GEMM with a pre-packed right-hand side: C[m, n] = A[m, k] @ B[k, n], with B stored in panels of
+PANEL columns, `Bp[p][k][j] = B[k][PANEL * p + j]` (the last panel zero-padded).
+
+The `layout` pass packs a linear's constant weight this way at compile time, so no run-time packing
+is needed (OpenBLAS packs B on every call: for a batch of 64 rows that is as much memory traffic
+as the arithmetic can hide). The microkernel keeps an MR x PANEL block of C in vector registers
+while it walks k: per step, PANEL / lanes vector loads of the panel and MR broadcasts of A feed
+MR * PANEL / lanes fused multiply-adds. MR follows the target's vector registers (`Target`).
+
+    void cuvil.panel_gemm(ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda, i64 ldc)
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import llvmlite.ir as ir
+
+from .mathlib import F32, I32, I64
+
+PANEL = 32            # columns per packed panel (a multiple of every target's f32 lanes)
+PTR = ir.PointerType()
+
+
+def panel_rows(lanes: int, registers: int) -> int:
+    """Rows of C per microkernel call: as many as the accumulators, the panel's vectors and one
+    broadcast leave registers for, at most 6."""
+    vectors = PANEL // lanes
+    return max(1, min(6, (registers - vectors - 1) // vectors))
+
+
+def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int) -> None:
+    """The body of `cuvil.panel_gemm` (see the module docstring) for `lanes`-wide vectors."""
+    vec = ir.VectorType(F32, lanes)
+    vectors = PANEL // lanes
+    fma = fn.module.globals.get(f"llvm.fma.v{lanes}f32") or \
+        ir.Function(fn.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
+    c, a, bp, m, n, k, lda, ldc = fn.args
+    for p in (c, a, bp):
+        p.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    acc = [[b.alloca(vec, name=f"acc{r}.{v}") for v in range(vectors)] for r in range(rows)]
+    tile = b.alloca(vec, size=ir.Constant(I64, vectors), name="tile")   # a partial panel's row, then copied
+    tile_floats = b.bitcast(tile, F32.as_pointer())
+    i64 = lambda x: ir.Constant(I64, x)   # noqa: E731
+    zero = ir.Constant(vec, None)
+    undef = ir.Constant(vec, ir.Undefined)
+    splat_mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+
+    def block(p, first: ir.Value, count: int) -> None:
+        """C[first : first+count, panel p] for a static count of rows."""
+        panel = b.gep(bp, [b.mul(p, b.mul(k, i64(PANEL)))], inbounds=True, source_etype=F32)
+        for r in range(count):
+            for v in range(vectors):
+                b.store(zero, acc[r][v])
+        rows_of_a = [b.gep(a, [b.mul(b.add(first, i64(r)), lda)], inbounds=True, source_etype=F32)
+                     for r in range(count)]
+
+        def step(kk):
+            at = b.gep(panel, [b.mul(kk, i64(PANEL))], inbounds=True, source_etype=F32)
+            bv = [b.load(b.gep(at, [i64(v * lanes)], inbounds=True, source_etype=F32), typ=vec, align=4)
+                  for v in range(vectors)]
+            for r in range(count):
+                x = b.load(b.gep(rows_of_a[r], [kk], inbounds=True, source_etype=F32), typ=F32, align=4)
+                xs = b.shuffle_vector(b.insert_element(undef, x, ir.Constant(I32, 0)), undef, splat_mask)
+                for v in range(vectors):
+                    b.store(b.call(fma, [xs, bv[v], b.load(acc[r][v], typ=vec)]), acc[r][v])
+        _loop(b, i64(0), k, i64(1), "k", step)
+        column = b.mul(p, i64(PANEL))
+        left = b.sub(n, column)
+        whole = b.icmp_signed(">=", left, i64(PANEL))
+        for r in range(count):
+            row = b.gep(c, [b.add(b.mul(b.add(first, i64(r)), ldc), column)], inbounds=True, source_etype=F32)
+            with b.if_else(whole) as (then, otherwise):
+                with then:
+                    for v in range(vectors):
+                        b.store(b.load(acc[r][v], typ=vec),
+                                b.gep(row, [i64(v * lanes)], inbounds=True, source_etype=F32), align=4)
+                with otherwise:      # the last, partial panel: through the stack, then `left` floats
+                    for v in range(vectors):
+                        b.store(b.load(acc[r][v], typ=vec), b.gep(tile, [i64(v)], inbounds=True, source_etype=vec))
+                    _loop(b, i64(0), left, i64(1), "j", lambda j: b.store(
+                        b.load(b.gep(tile_floats, [j], inbounds=True, source_etype=F32), typ=F32),
+                        b.gep(row, [j], inbounds=True, source_etype=F32)))
+
+    panels = b.sdiv(b.add(n, i64(PANEL - 1)), i64(PANEL))
+    full = b.mul(b.sdiv(m, i64(rows)), i64(rows))
+
+    def panel(p):
+        _loop(b, i64(0), full, i64(rows), "i", lambda first: block(p, first, rows))
+        rest = b.sub(m, full)
+        for count in range(1, rows):     # the last rows in one block (the panel streams once more)
+            with b.if_then(b.icmp_signed("==", rest, i64(count))):
+                block(p, full, count)
+    _loop(b, i64(0), panels, i64(1), "p", panel)
+    b.ret_void()
+
+
+def _loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: str,
+          body: Callable[[ir.Value], None]) -> None:
+    """for (i = lo; i < hi; i += step) body(i)"""
+    pre = b.block
+    header, inner, exit_ = (b.function.append_basic_block(f"{name}.{part}") for part in ("header", "body", "exit"))
+    b.branch(header)
+    b.position_at_end(header)
+    i = b.phi(I64, name=name)
+    i.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", i, hi), inner, exit_)
+    b.position_at_end(inner)
+    body(i)
+    i.add_incoming(b.add(i, step, flags=["nsw"]), b.block)
+    b.branch(header)
+    b.position_at_end(exit_)

@@ -1,0 +1,83 @@
+"""Linears whose weight the layout pass packed in panels (`codegen/panel_gemm.py`) against eager
+torch: every remainder of rows and of panel columns, row and column tiles, thread splits, fused
+epilogues, the kernel text form, and the code for other targets."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cuvil
+from cuvil.codegen.kernel_text import parse_kernels, print_kernels
+from cuvil.ir.ops.nn import PANEL, pack_panels, unpack_panels
+
+from codegen_helpers import Graph, T, compile_graphs, run
+from test_library import rand
+
+# (rows, in features, out features): rows around the microkernel's blocks (1..7, 13), two row
+# tiles (300); out features within one panel, one over, a partial last panel, and column tiles
+SHAPES = [(1, 64, 10), (2, 64, 33), (5, 3, 32), (6, 17, 100), (7, 64, 64), (13, 1, 40), (64, 96, 600),
+          (300, 32, 70)]
+
+
+def _graph(i, k, n):
+    return Graph(f"packed{i}", lambda b, x, w, bias: b("cuvil.relu", b("cuvil.linear", x, w, bias, out_features=n)),
+                 [T("s0", k), T(-(-n // PANEL), k, PANEL), T(n)])
+
+
+GRAPHS = {i: _graph(i, k, n) for i, (_, k, n) in enumerate(SHAPES)}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_graphs(GRAPHS.values())
+
+
+def test_packing_round_trips():
+    w = rand(70, 5)
+    packed = pack_panels(w)
+    assert packed.shape == (3, 5, PANEL)
+    assert torch.equal(packed[1, :, 3], w[PANEL + 3]) and not packed[2, :, 6:].any()   # zero padding
+    assert torch.equal(unpack_panels(packed, 70), w)
+
+
+@pytest.mark.parametrize("i", range(len(SHAPES)))
+def test_packed_linear_matches_eager(compiled, i):
+    m, k, n = SHAPES[i]
+    x, w, bias = rand(m, k), rand(n, k, seed=1), rand(n, seed=2)
+    for split in (1, 3):
+        out = run(GRAPHS[i], compiled, x, pack_panels(w), bias, split=split)
+        torch.testing.assert_close(out, F.relu(F.linear(x, w, bias)), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_text_keeps_the_packed_operand():
+    (kernel,) = GRAPHS[0].kernels
+    text = print_kernels([kernel])
+    assert "b_panels=true" in text
+    assert print_kernels(parse_kernels(text)) == text
+
+
+def test_layout_pass_packs_constant_linear_weights_only():
+    mlp = nn.Sequential(nn.Linear(16, 40), nn.ReLU(), nn.Linear(40, 5)).eval()
+    x = torch.randn(3, 16)
+    report = cuvil.explain(mlp, x)
+    (stats,) = [p["statistics"] for p in report.passes if p["name"] == "layout"]
+    assert stats["linears-packed"] == 2
+    assert re.findall(r"out_features = (\d+)", report.output_ir) == ["40", "5"]
+    off = cuvil.explain(mlp, x, pipeline="verify,shape-infer,layout{pack-linear=false}", native=False)
+    assert "out_features" not in off.output_ir
+    # a weight that is an input cannot be packed at compile time
+    report = cuvil.explain(lambda x, w: F.linear(x, w), x, torch.randn(8, 16))
+    assert "out_features" not in report.output_ir
+    compiled = cuvil.compile(mlp)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target,instruction", [("aarch64", r"\bfmla\b"), ("x86_64", r"\bvfmadd\w+ps\b.*ymm")])
+def test_panel_kernel_for_other_targets(target, instruction):
+    mlp = nn.Sequential(nn.Linear(64, 96)).eval()
+    report = cuvil.explain(mlp, torch.randn(8, 64), target=target)
+    (kernel,) = report.kernels
+    assert "b_panels=true" in kernel["kernel_ir"] and re.search(instruction, kernel["asm"])
