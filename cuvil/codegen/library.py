@@ -32,6 +32,7 @@ from .scalar_ops import call, cast, const
 
 ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
 COL_TILE = 256          # output columns per tile, for outputs at least twice as wide
+PANEL_COL_TILE = 128    # the same for linears with packed weights (a multiple of their panels)
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
 NHWC_MIN_CHANNEL_RUN = 8    # fewer channels per group: NHWC im2col gathers along image rows instead
@@ -271,11 +272,11 @@ def _decompose(lw, flat, shape):
     return out
 
 
-def _column_tiles(n) -> tuple[int, object]:
-    """(tiles, width) along the output columns: a wide GEMM is cut into COL_TILE-column tiles so that
-    even one row of output (batch 1: a GEMV) splits across threads."""
-    if isinstance(n, int) and n >= 2 * COL_TILE:
-        return math.ceil(n / COL_TILE), COL_TILE
+def _column_tiles(n, width: int = COL_TILE) -> tuple[int, object]:
+    """(tiles, width) along the output columns: a wide GEMM is cut into tiles of `width` columns
+    so that even one row of output (batch 1: a GEMV) splits across threads."""
+    if isinstance(n, int) and n >= 2 * width:
+        return math.ceil(n / width), width
     return 1, n
 
 
@@ -284,7 +285,8 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
     the epilogue over its block (`row_shape`: the output dims the flat row index spans). With
     `b_panels`, B is packed in panels (`panel_gemm.py`; COL_TILE is a multiple of their width)."""
     row_tiles = norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE))
-    col_tiles, width = _column_tiles(n)
+    # the panel GEMM packs nothing per call, so narrower tiles cost little and give threads work
+    col_tiles, width = _column_tiles(n, PANEL_COL_TILE if b_panels else COL_TILE)
 
     def tile(p):
         t, c = _decompose(lw, p, [row_tiles, col_tiles])
