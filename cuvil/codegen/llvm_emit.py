@@ -38,7 +38,7 @@ from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Le
                         loop_var)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
-from .panel_gemm import emit_panel_gemm, panel_rows
+from .panel_gemm import emit_panel_gemm, for_range, panel_rows
 from .target import Target
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -592,18 +592,7 @@ def _small_gemm_args(fn: ir.Function):
 
 def _for(b: ir.IRBuilder, n: ir.Value, name: str, body: Callable[[ir.Value], None]) -> None:
     """for (i = 0; i < n; ++i) body(i)"""
-    pre = b.block
-    header, inner, exit_ = (b.function.append_basic_block(f"{name}.{part}") for part in ("header", "body", "exit"))
-    b.branch(header)
-    b.position_at_end(header)
-    i = b.phi(I64, name=name)
-    i.add_incoming(ir.Constant(I64, 0), pre)
-    b.cbranch(b.icmp_signed("<", i, n), inner, exit_)
-    b.position_at_end(inner)
-    body(i)
-    i.add_incoming(b.add(i, ir.Constant(I64, 1), flags=["nsw"]), b.block)
-    b.branch(header)
-    b.position_at_end(exit_)
+    for_range(b, ir.Constant(I64, 0), n, ir.Constant(I64, 1), name, body)
 
 
 def _at(b: ir.IRBuilder, base, row, ld, col) -> ir.Value:

@@ -64,7 +64,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int) -> None:
                 xs = b.shuffle_vector(b.insert_element(undef, x, ir.Constant(I32, 0)), undef, splat_mask)
                 for v in range(vectors):
                     b.store(b.call(fma, [xs, bv[v], b.load(acc[r][v], typ=vec)]), acc[r][v])
-        _loop(b, i64(0), k, i64(1), "k", step)
+        for_range(b, i64(0), k, i64(1), "k", step)
         column = b.mul(p, i64(PANEL))
         left = b.sub(n, column)
         whole = b.icmp_signed(">=", left, i64(PANEL))
@@ -78,7 +78,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int) -> None:
                 with otherwise:      # the last, partial panel: through the stack, then `left` floats
                     for v in range(vectors):
                         b.store(b.load(acc[r][v], typ=vec), b.gep(tile, [i64(v)], inbounds=True, source_etype=vec))
-                    _loop(b, i64(0), left, i64(1), "j", lambda j: b.store(
+                    for_range(b, i64(0), left, i64(1), "j", lambda j: b.store(
                         b.load(b.gep(tile_floats, [j], inbounds=True, source_etype=F32), typ=F32),
                         b.gep(row, [j], inbounds=True, source_etype=F32)))
 
@@ -86,17 +86,17 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int) -> None:
     full = b.mul(b.sdiv(m, i64(rows)), i64(rows))
 
     def panel(p):
-        _loop(b, i64(0), full, i64(rows), "i", lambda first: block(p, first, rows))
+        for_range(b, i64(0), full, i64(rows), "i", lambda first: block(p, first, rows))
         rest = b.sub(m, full)
         for count in range(1, rows):     # the last rows in one block (the panel streams once more)
             with b.if_then(b.icmp_signed("==", rest, i64(count))):
                 block(p, full, count)
-    _loop(b, i64(0), panels, i64(1), "p", panel)
+    for_range(b, i64(0), panels, i64(1), "p", panel)
     b.ret_void()
 
 
-def _loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: str,
-          body: Callable[[ir.Value], None]) -> None:
+def for_range(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: str,
+              body: Callable[[ir.Value], None]) -> None:
     """for (i = lo; i < hi; i += step) body(i)"""
     pre = b.block
     header, inner, exit_ = (b.function.append_basic_block(f"{name}.{part}") for part in ("header", "body", "exit"))

@@ -205,6 +205,19 @@ def visible(out, css: str):
     return out.locator(css).filter(visible=True)
 
 
+def check_pipeline_panel(page, out, name: str) -> None:
+    """Step to O3's layout pass: the CNN's convolutions turn NHWC, BERT-small's linears get packed weights."""
+    out.get_by_role("tab", name="Pipeline").click()
+    position = visible(out, ".widget-html-content").filter(has_text=" / 11")
+    expect(position).to_contain_text("1 / 11: verify")
+    for _ in range(4):
+        out.get_by_role("button", name="next ▶").click()
+    expect(position).to_contain_text("5 / 11: layout")
+    added = visible(out, "td.cv-add").filter(has_text='layout = "nhwc"' if name == "cnn" else "out_features")
+    expect(added.first).to_be_visible()
+    page.screenshot(path=str(SHOTS / f"{name}-pipeline-layout.png"))
+
+
 def check_code_panel(page, out, name: str) -> None:
     out.get_by_role("tab", name="Code").click()
     sources, kernels = visible(out, ".widget-select select").all()
@@ -320,6 +333,8 @@ def test_code_memory_and_profile_panels(lab, page):
             out.get_by_role("tab", name="Summary").click()
             expect(visible(out, ".cv-summary")).to_contain_text("as fast as eager PyTorch")
             expect(visible(out, ".cv-summary")).to_contain_text("arena")
+            page.screenshot(path=str(SHOTS / f"{name}-summary.png"))
+            check_pipeline_panel(page, out, name)
             check_code_panel(page, out, name)
             check_fusion_panel(page, out, name)
             check_memory_panel(page, out, name)
