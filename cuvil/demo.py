@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\npipeline: {report.pipeline}")
     print(f"{'pass':<16}{'changed':>8}{'ms':>10}  statistics")
     for p in report.passes:
-        stats = ", ".join(f"{k}={v}" for k, v in p["statistics"].items())
+        # fuse's decisions (a JSON document) are in the report and its HTML, not on this line
+        stats = ", ".join(f"{k}={v}" for k, v in p["statistics"].items() if k != "fusion")
         print(f"{p['name']:<16}{str(p['changed']):>8}{p['time_s'] * 1e3:>10.2f}  {stats}")
     print("\ncompile phases: " + ", ".join(f"{ph['name']} {ph['time_s'] * 1e3:.0f} ms" for ph in report.phases))
     print(f"kernels: {len(report.kernels)}; arena {report.memory['arena_bytes']} bytes "
