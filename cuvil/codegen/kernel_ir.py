@@ -31,6 +31,7 @@ import sympy
 
 from ..errors import CuvilVerifyError
 from ..ir.types import DType, Dim, norm_dim, sym
+from ..ir.ops.nn import PANEL_WIDTHS
 
 ROLES = ("in", "out", "scratch")
 REDUCE_KINDS = ("sum", "max", "min", "prod")
@@ -357,13 +358,18 @@ class BufRef:
 
 
 GEMM_INTS = ("m", "n", "k", "lda", "ldb", "ldc")
+GEMM_WINDOW = ("a_rows", "a_rows_stride", "k_run", "k_run_stride")
 
 
 @dataclass
 class Gemm(Stmt):
-    """C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major f32 (cblas_sgemm). With
-    `b_panels`, B is pre-packed in panels of 32 columns (`panel_gemm.py`; `b` points at the first
-    panel the call uses, `ldb` is unused) and the call is C = A @ B."""
+    """C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major f32 (cblas_sgemm).
+
+    With `b_panels` (a width from PANEL_WIDTHS; 0 for a plain B), B is pre-packed in panels of
+    that many columns (`panel_gemm.py`; `b` points at the first panel the call uses, `ldb` is
+    unused) and the call is C = A @ B. Such a call may read A through a window, all four of
+    GEMM_WINDOW given: A[r][kk] = a[(r / a_rows) * a_rows_stride + (r % a_rows) * lda +
+    (kk / k_run) * k_run_stride + kk % k_run] (a convolution as an implicit GEMM)."""
     c: BufRef
     a: BufRef
     b: BufRef
@@ -377,12 +383,21 @@ class Gemm(Stmt):
     trans_b: bool = False
     alpha: float = 1.0
     beta: float = 0.0
-    b_panels: bool = False
+    b_panels: int = 0
+    a_rows: Dim | None = None
+    a_rows_stride: Dim | None = None
+    k_run: Dim | None = None
+    k_run_stride: Dim | None = None
 
     def __post_init__(self):
+        if self.b_panels not in (0, *PANEL_WIDTHS):
+            raise ValueError(f"b_panels must be 0 or a panel width in {PANEL_WIDTHS}, not {self.b_panels}")
         if self.b_panels and (self.trans_a or self.trans_b or self.alpha != 1.0 or self.beta != 0.0):
             raise ValueError("a gemm with b_panels computes C = A @ B: no transposes, alpha 1, beta 0")
-        for name in GEMM_INTS:
+        window = [getattr(self, f) is not None for f in GEMM_WINDOW]
+        if any(window) and not (all(window) and self.b_panels):
+            raise ValueError(f"a windowed A needs all of {', '.join(GEMM_WINDOW)} and b_panels")
+        for name in GEMM_INTS + (GEMM_WINDOW if all(window) else ()):
             setattr(self, name, as_index(getattr(self, name)))
         for name in ("a", "b", "c"):
             ref = getattr(self, name)

@@ -29,8 +29,8 @@ import sympy
 
 from ..errors import CuvilParseError
 from ..ir.types import DType, sym
-from .kernel_ir import (FUNCS, GEMM_INTS, REDUCE_KINDS, ROLES, BufRef, Buffer, Call, Cast, Const, Expr, Gemm,
-                        Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var, loop_var, operands)
+from .kernel_ir import (FUNCS, GEMM_INTS, GEMM_WINDOW, REDUCE_KINDS, ROLES, BufRef, Buffer, Call, Cast, Const, Expr,
+                        Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var, loop_var, operands)
 
 INDENT = "  "
 
@@ -205,7 +205,8 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
             ints = [f"{f}={index_str(getattr(s, f))}" for f in GEMM_INTS]
             rest = [f"trans_a={str(s.trans_a).lower()}", f"trans_b={str(s.trans_b).lower()}",
                     f"alpha={format_float(s.alpha)}", f"beta={format_float(s.beta)}"] + \
-                (["b_panels=true"] if s.b_panels else [])
+                ([f"b_panels={s.b_panels}"] if s.b_panels else []) + \
+                ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_WINDOW] if s.a_rows is not None else [])
             lines.append(f"{pad}gemm {', '.join(refs + ints + rest)}")
         else:
             raise TypeError(f"unknown statement {s!r}")
@@ -555,9 +556,14 @@ class _Parser:
                 off = self.index_expr()
                 self.expect("]")
                 fields[key.text] = BufRef(buf, off)
-            elif key.text in GEMM_INTS:
+            elif key.text in GEMM_INTS + GEMM_WINDOW:
                 fields[key.text] = self.index_expr()
-            elif key.text in ("trans_a", "trans_b", "b_panels"):
+            elif key.text == "b_panels":
+                width = self.expect_kind("num", "a panel width")
+                if not width.text.isdigit():
+                    raise self.error(f"expected a panel width, got {width.text!r}", width)
+                fields[key.text] = int(width.text)
+            elif key.text in ("trans_a", "trans_b"):
                 v = self.expect_kind("ident", "true or false")
                 if v.text not in ("true", "false"):
                     raise self.error("expected true or false", v)

@@ -12,8 +12,10 @@ and window ops (pooling, direct convolution).
   batch-1 linear (a GEMV) split across threads.
 
 Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
-unpadded ungrouped convolutions, a direct kernel when the reduction per output element is small
-(depthwise, or in_channels/groups * kh * kw <= 16), im2col + GEMM otherwise.
+unpadded ungrouped convolutions, an implicit GEMM on the panel microkernel for the NHWC ones whose
+weight the `layout` pass blocked in panels (one group, no dilation), a direct kernel when the
+reduction per output element is small (depthwise, or in_channels/groups * kh * kw <= 16), im2col +
+GEMM otherwise.
 """
 from __future__ import annotations
 
@@ -164,6 +166,9 @@ def _conv_attrs(op: Operation):
 
 def _conv_weight_dims(op: Operation) -> tuple[int, int, int, int]:
     """(out channels, in channels per group, kh, kw), whichever way the weight is laid out."""
+    if op.attrs["out_channels"] is not None:
+        _, kh, kw, cin_g, _ = op.operands[1].type.shape
+        return op.attrs["out_channels"], cin_g, kh, kw
     if op.attrs["layout"] == "nhwc":
         kh, kw, cin_g, out_ch = op.operands[1].type.shape
         return out_ch, cin_g, kh, kw
@@ -175,11 +180,13 @@ def _image(layout: str, n, c, h, w) -> list:
 
 
 def conv_algorithm(op: Operation) -> str:
-    """direct, gemm (1x1) or im2col: see the module docstring."""
+    """direct, gemm (1x1), implicit (weights in panels) or im2col: see the module docstring."""
     stride, padding, dilation, groups = _conv_attrs(op)
     out_ch, cin_g, kh, kw = _conv_weight_dims(op)
     if (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1:
         return "gemm"
+    if op.attrs["out_channels"] is not None:
+        return "implicit"
     if cin_g == 1 or cin_g * kh * kw <= DIRECT_CONV_MAX_REDUCTION:
         return "direct"
     return "im2col"
@@ -280,10 +287,11 @@ def _column_tiles(n, width: int = COL_TILE) -> tuple[int, object]:
     return 1, n
 
 
-def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, b_panels=False):
+def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, b_panels=0):
     """C[rows, n] = A[rows, k] @ op(B) in parallel tiles of rows and columns; each tile then runs
     the epilogue over its block (`row_shape`: the output dims the flat row index spans). With
-    `b_panels`, B is packed in panels (`panel_gemm.py`; COL_TILE is a multiple of their width)."""
+    `b_panels` (their width), B is packed in panels (`panel_gemm.py`; PANEL_COL_TILE is a multiple
+    of every width)."""
     row_tiles = norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE))
     # the panel GEMM packs nothing per call, so narrower tiles cost little and give threads work
     col_tiles, width = _column_tiles(n, PANEL_COL_TILE if b_panels else COL_TILE)
@@ -318,7 +326,7 @@ def linear(lw, op):
     out_f = op.attrs["out_features"]
     if out_f is not None:       # pre-packed in panels by the layout pass
         in_f = w.type.shape[1]
-        _row_tiles(lw, T, rows, out_f, X, Wt, in_f, PANEL, False, row_shape, b_panels=True)
+        _row_tiles(lw, T, rows, out_f, X, Wt, in_f, PANEL, False, row_shape, b_panels=PANEL)
         return
     out_f, in_f = w.type.shape
     _row_tiles(lw, T, rows, out_f, X, Wt, in_f, in_f, True, row_shape)
@@ -378,7 +386,8 @@ def conv2d_gemm(lw, op):
     if op.attrs["layout"] == "nhwc":
         _materialize(lw, op, T, 3)
         N, H, W, C = x.type.shape
-        _row_tiles(lw, T, norm_dim(N * H * W), OC, X, Wt, C, OC, False, [N, H, W])
+        width = op.operands[1].type.shape[-1] if op.attrs["out_channels"] is not None else 0
+        _row_tiles(lw, T, norm_dim(N * H * W), OC, X, Wt, C, OC, False, [N, H, W], b_panels=width)
         return
     _materialize(lw, op, T, 1)
     N, C, H, W = x.type.shape
@@ -439,6 +448,65 @@ def conv2d_im2col(lw, op):
         else:
             lw.emit(Gemm(out, cols, BufRef(Wt, g * oc_g), count * OW, oc_g, K, positions, OC, OC, trans_a=True))
     _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows)
+
+
+def conv2d_implicit(lw, op):
+    """NHWC convolution, one group, no dilation, weight in panels (`pack_conv_panels`), as an
+    implicit GEMM. Per image and tile of output rows, the input rows the tile reads are copied once
+    into a zero-padded scratch (im2col copies each input element kh*kw times instead); the panel
+    GEMM then reads its A rows, one per output position, as windows of that copy: each kernel row
+    of a window is kw * C contiguous floats, a padded input row apart from the next."""
+    _require_f32(op)
+    (sh, sw), (ph, pw), _, _ = _conv_attrs(op)
+    x, w = op.operands[:2]
+    T = _raw_buffer(lw, op)
+    _materialize(lw, op, T, 3)
+    N, H, W, C = x.type.shape
+    OC, _, KH, KW = _conv_weight_dims(op)
+    _, OH, OW, _ = op.result.type.shape
+    tile_rows = _tile_rows(OH, OW)
+    tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
+    in_rows, Wp = (tile_rows - 1) * sh + KH, norm_dim((sympy.sympify(OW) - 1) * sw + KW)
+    padded = lw.scratch(DType.f32, [norm_dim(N * tiles), in_rows, Wp, C])
+    Wt = lw.inputs[id(w)]
+
+    def body(q, n, g, first, count):
+        _copy_padded(lw, x, padded, q, n, first * sh - ph, (count - 1) * sh + KH, pw, Wp)
+        lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC), BufRef(padded, q * in_rows * Wp * C), BufRef(Wt, 0),
+                     count * OW, OC, KH * KW * C, sw * C, 0, OC, b_panels=w.type.shape[-1],
+                     a_rows=OW, a_rows_stride=sh * Wp * C, k_run=KW * C, k_run_stride=Wp * C))
+    _conv_tiles(lw, op, T, N, 1, OH, OW, body, tile_rows)
+
+
+def _copy_padded(lw, x, padded, q, n, top_row, rows, pw, Wp):
+    """padded[q, r, j, c] = x[n, top_row + r, j - pw, c] for r < rows and j < Wp, zero outside the
+    image: the rows and columns inside are a plain copy, the borders stored zeros (no per-element
+    masks). Channels innermost when there are enough of them, else image columns (an RGB stem
+    reads an NCHW input through a permute)."""
+    _, H, W, C = x.type.shape
+    zero = const(0.0, DType.f32)
+    above = sympy.Min(rows, sympy.Max(0, -top_row))
+    below = sympy.Max(above, sympy.Min(rows, H - top_row))          # the first row under the image
+    inside = sympy.Min(W, Wp - pw)                                   # columns copied per row
+
+    def box(rows_from, rows_to, cols_from, cols_to, value):
+        order = ["r", "j", "c"]
+        spans = {"r": (rows_from, rows_to), "j": (cols_from, cols_to), "c": (0, C)}
+
+        def nest(level, at):
+            if level == 3:
+                lw.emit(Store(padded, [q, at["r"], at["j"], at["c"]], value(at["r"], at["j"], at["c"])))
+                return
+            name = order[level]
+            lo, hi = spans[name]
+            lw.loop(name, norm_dim(sympy.Max(0, sympy.sympify(hi) - lo)),
+                    lambda v: nest(level + 1, {**at, name: v}), start=lo)
+        nest(0, {})
+    box(0, above, 0, Wp, lambda r, j, c: zero)
+    box(below, rows, 0, Wp, lambda r, j, c: zero)
+    box(above, below, 0, pw, lambda r, j, c: zero)
+    box(above, below, pw + inside, Wp, lambda r, j, c: zero)
+    box(above, below, pw, pw + inside, lambda r, j, c: lw.value(x, [n, top_row + r, j - pw, c]))
 
 
 def _loops(lw, names, extents, body):
@@ -544,7 +612,7 @@ def sdpa(lw, op):
 
 
 def conv2d(lw, op):
-    return {"gemm": conv2d_gemm, "im2col": conv2d_im2col}[conv_algorithm(op)](lw, op)
+    return {"gemm": conv2d_gemm, "implicit": conv2d_implicit, "im2col": conv2d_im2col}[conv_algorithm(op)](lw, op)
 
 
 def cumsum(lw, op, idx):
@@ -570,7 +638,8 @@ def gathered_operands(op: Operation) -> list:
     gathers its input element by element (not through BLAS), so a permute or reshape in front of it
     costs nothing. Computed producers stay out: the gather reads each element kh*kw times."""
     x = op.operands[0]
-    if op.name == "cuvil.conv2d" and conv_algorithm(op) == "im2col" and not x.is_arg and x.owner.has_tag("view"):
+    if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit") and not x.is_arg \
+            and x.owner.has_tag("view"):
         return [x]
     return []
 

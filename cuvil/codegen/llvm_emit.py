@@ -35,10 +35,10 @@ from llvmlite import ir
 
 from ..ir.types import DType
 from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, Var,
-                        loop_var, operands)
+                        GEMM_WINDOW, loop_var, operands)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
-from .panel_gemm import emit_panel_gemm, for_range, panel_rows
+from .panel_gemm import ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, panel_rows
 from .target import Target
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -134,17 +134,17 @@ class ModuleBuilder:
         return fn
 
 
-    def panel_gemm_function(self) -> ir.Function:
-        """`void (ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda, i64 ldc)`: C = A @ B with B
-        packed in panels (`panel_gemm.py`), blocked for the target's vector registers."""
-        name = "cuvil.panel_gemm"
+    def panel_gemm_function(self, width: int) -> ir.Function:
+        """C = A @ B with B packed in panels of `width` columns, A read through a window
+        (`panel_gemm.py`), blocked for the target's vector registers."""
+        name = f"cuvil.panel_gemm.{width}"
         fn = self.module.globals.get(name)
         if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * 3 + [I64] * 5), name=name)
+            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS), name=name)
             fn.linkage = "internal"
             fn.attributes.add("nounwind")
             lanes = self.target.vector_floats
-            emit_panel_gemm(fn, lanes, panel_rows(lanes, self.target.vector_registers))
+            emit_panel_gemm(fn, lanes, panel_rows(lanes, self.target.vector_registers, width), width)
         return fn
 
 
@@ -424,9 +424,13 @@ class KernelEmitter:
         b = self.b
         m = sympy.sympify(s.m)
         if s.b_panels:
-            b.call(self.mb.panel_gemm_function(), [self._gemm_ptr(s.c), self._gemm_ptr(s.a), self._gemm_ptr(s.b),
-                                                   self.index(s.m), self.index(s.n), self.index(s.k),
-                                                   self.index(s.lda), self.index(s.ldc)])
+            k = self.index(s.k)
+            one = ir.Constant(I64, 1)
+            window = [self.index(getattr(s, f)) for f in GEMM_WINDOW] if s.a_rows is not None else \
+                [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one]   # plain: one run
+            b.call(self.mb.panel_gemm_function(s.b_panels),
+                   [self._gemm_ptr(s.c), self._gemm_ptr(s.a), self._gemm_ptr(s.b), self.index(s.m),
+                    self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window])
             return
         if s.trans_a or (m.is_Integer and m > SMALL_GEMM_MAX_ROWS):
             self._sgemm(s)

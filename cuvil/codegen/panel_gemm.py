@@ -1,13 +1,23 @@
 """GEMM with a pre-packed right-hand side: C[m, n] = A[m, k] @ B[k, n], with B stored in panels of
-PANEL columns, `Bp[p][k][j] = B[k][PANEL * p + j]` (the last panel zero-padded).
+`width` columns (16 or 32), `Bp[p][k][j] = B[k][width * p + j]` (the last panel zero-padded).
 
 The `layout` pass packs a linear's constant weight this way at compile time, so no run-time packing
 is needed (OpenBLAS packs B on every call: for a batch of 64 rows that is as much memory traffic
-as the arithmetic can hide). The microkernel keeps an MR x PANEL block of C in vector registers
-while it walks k: per step, PANEL / lanes vector loads of the panel and MR broadcasts of A feed
-MR * PANEL / lanes fused multiply-adds. MR follows the target's vector registers (`Target`).
+as the arithmetic can hide). The microkernel keeps an MR x width block of C in vector registers
+while it walks k: per step, width / lanes vector loads of the panel and MR broadcasts of A feed
+MR * width / lanes fused multiply-adds. MR follows the target's vector registers (`Target`).
 
-    void cuvil.panel_gemm(ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda, i64 ldc)
+A is read through a window, which makes a convolution an implicit GEMM (no im2col copy):
+
+    A[r][kk] = a[(r / a_rows) * a_rows_stride + (r % a_rows) * lda + (kk / k_run) * k_run_stride + kk % k_run]
+
+For a plain row-major A: a_rows = m, k_run = k (the strides are then never used). For an NHWC
+convolution over a zero-padded input, a row is an output position (a_rows = output width, and an
+output row further is a_rows_stride = stride_h * padded row), and k walks the window's kernel rows,
+each a contiguous run of k_run = kw * channels floats, one padded input row apart.
+
+    void cuvil.panel_gemm.<width>(ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda, i64 ldc,
+                                  i64 a_rows, i64 a_rows_stride, i64 k_run, i64 k_run_stride)
 """
 from __future__ import annotations
 
@@ -17,24 +27,25 @@ import llvmlite.ir as ir
 
 from .mathlib import F32, I32, I64
 
-PANEL = 32            # columns per packed panel (a multiple of every target's f32 lanes)
 PTR = ir.PointerType()
+ARGS = [PTR] * 3 + [I64] * 9
+MAX_ACCUMULATORS = 12
 
 
-def panel_rows(lanes: int, registers: int) -> int:
-    """Rows of C per microkernel call: as many as the accumulators, the panel's vectors and one
-    broadcast leave registers for, at most 6."""
-    vectors = PANEL // lanes
-    return max(1, min(6, (registers - vectors - 1) // vectors))
+def panel_rows(lanes: int, registers: int, width: int) -> int:
+    """Rows of C per microkernel call: as many as the accumulators (at most 12), the panel's
+    vectors and one broadcast leave registers for."""
+    vectors = width // lanes
+    return max(1, min(MAX_ACCUMULATORS // vectors, (registers - vectors - 1) // vectors))
 
 
-def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int) -> None:
-    """The body of `cuvil.panel_gemm` (see the module docstring) for `lanes`-wide vectors."""
+def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int) -> None:
+    """The body of `cuvil.panel_gemm.<width>` (see the module docstring) for `lanes`-wide vectors."""
     vec = ir.VectorType(F32, lanes)
-    vectors = PANEL // lanes
+    vectors = width // lanes
     fma = fn.module.globals.get(f"llvm.fma.v{lanes}f32") or \
         ir.Function(fn.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
-    c, a, bp, m, n, k, lda, ldc = fn.args
+    c, a, bp, m, n, k, lda, ldc, a_rows, a_rows_stride, k_run, k_run_stride = fn.args
     for p in (c, a, bp):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -48,26 +59,34 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int) -> None:
 
     def block(p, first: ir.Value, count: int) -> None:
         """C[first : first+count, panel p] for a static count of rows."""
-        panel = b.gep(bp, [b.mul(p, b.mul(k, i64(PANEL)))], inbounds=True, source_etype=F32)
+        panel = b.gep(bp, [b.mul(p, b.mul(k, i64(width)))], inbounds=True, source_etype=F32)
         for r in range(count):
             for v in range(vectors):
                 b.store(zero, acc[r][v])
-        rows_of_a = [b.gep(a, [b.mul(b.add(first, i64(r)), lda)], inbounds=True, source_etype=F32)
-                     for r in range(count)]
+        rows_of_a = []
+        for r in range(count):
+            row = b.add(first, i64(r))
+            at = b.add(b.mul(b.sdiv(row, a_rows), a_rows_stride), b.mul(b.srem(row, a_rows), lda))
+            rows_of_a.append(b.gep(a, [at], inbounds=True, source_etype=F32))
 
-        def step(kk):
-            at = b.gep(panel, [b.mul(kk, i64(PANEL))], inbounds=True, source_etype=F32)
-            bv = [b.load(b.gep(at, [i64(v * lanes)], inbounds=True, source_etype=F32), typ=vec, align=4)
-                  for v in range(vectors)]
-            for r in range(count):
-                x = b.load(b.gep(rows_of_a[r], [kk], inbounds=True, source_etype=F32), typ=F32, align=4)
-                xs = b.shuffle_vector(b.insert_element(undef, x, ir.Constant(I32, 0)), undef, splat_mask)
-                for v in range(vectors):
-                    b.store(b.call(fma, [xs, bv[v], b.load(acc[r][v], typ=vec)]), acc[r][v])
-        for_range(b, i64(0), k, i64(1), "k", step)
-        column = b.mul(p, i64(PANEL))
+        def run(j):     # one contiguous run of k: A at +kk in every row, B `width` floats per kk
+            a_run = [b.gep(row, [b.mul(j, k_run_stride)], inbounds=True, source_etype=F32) for row in rows_of_a]
+            b_run = b.gep(panel, [b.mul(b.mul(j, k_run), i64(width))], inbounds=True, source_etype=F32)
+
+            def step(kk):
+                at = b.gep(b_run, [b.mul(kk, i64(width))], inbounds=True, source_etype=F32)
+                bv = [b.load(b.gep(at, [i64(v * lanes)], inbounds=True, source_etype=F32), typ=vec, align=4)
+                      for v in range(vectors)]
+                for r in range(count):
+                    x = b.load(b.gep(a_run[r], [kk], inbounds=True, source_etype=F32), typ=F32, align=4)
+                    xs = b.shuffle_vector(b.insert_element(undef, x, ir.Constant(I32, 0)), undef, splat_mask)
+                    for v in range(vectors):
+                        b.store(b.call(fma, [xs, bv[v], b.load(acc[r][v], typ=vec)]), acc[r][v])
+            for_range(b, i64(0), k_run, i64(1), "k", step)
+        for_range(b, i64(0), b.sdiv(k, k_run), i64(1), "run", run)
+        column = b.mul(p, i64(width))
         left = b.sub(n, column)
-        whole = b.icmp_signed(">=", left, i64(PANEL))
+        whole = b.icmp_signed(">=", left, i64(width))
         for r in range(count):
             row = b.gep(c, [b.add(b.mul(b.add(first, i64(r)), ldc), column)], inbounds=True, source_etype=F32)
             with b.if_else(whole) as (then, otherwise):
@@ -82,7 +101,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int) -> None:
                         b.load(b.gep(tile_floats, [j], inbounds=True, source_etype=F32), typ=F32),
                         b.gep(row, [j], inbounds=True, source_etype=F32)))
 
-    panels = b.sdiv(b.add(n, i64(PANEL - 1)), i64(PANEL))
+    panels = b.sdiv(b.add(n, i64(width - 1)), i64(width))
     full = b.mul(b.sdiv(m, i64(rows)), i64(rows))
 
     def panel(p):

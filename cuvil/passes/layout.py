@@ -6,8 +6,10 @@ stride. The pass works in three steps:
 
 1. convert: each NCHW conv2d and pooling op becomes its NHWC form between two conversions,
        permute(x, to NHWC) -> op {layout = "nhwc"} -> permute(result, to NCHW),
-   and a convolution's weight is pre-packed at compile time as `[kh, kw, in/groups, out]` (a new
-   module constant, `stem.0.weight.hwio`; a weight that is not a constant is permuted at run time);
+   and a convolution's weight is pre-packed at compile time (a new module constant): blocked in
+   GEMM panels, `[ceil(out / P), kh, kw, in, P]` (`stem.0.weight.panels`), for the implicit-GEMM
+   kernel when it has one group and no dilation (`pack-conv`), else as `[kh, kw, in/groups, out]`
+   (`.hwio`); a weight that is not a constant is permuted at run time;
 2. sink: a conversion to NCHW moves below the elementwise ops that read it, when their other
    operands are conversions too, already converted (a residual input that also feeds a converted
    conv), constants or broadcasts of lower rank (these are reshaped and permuted instead, which is
@@ -24,8 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir.core import Module, Operation, Value
-from ..ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_panels
-from ..ir.types import TensorType
+from ..ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, pack_panels
 from .base import ModulePass
 from .canonicalize import permute_identity, permute_permute
 from .fold_constants import add_constant
@@ -41,18 +42,22 @@ CONSTANT_SOURCES = frozenset({"cuvil.const", "cuvil.literal", "cuvil.full"})
 class LayoutPass(ModulePass):
     """Run convolutions and pools in NHWC with pre-packed weights, conversions sunk and cancelled.
 
-    The conversions move through elementwise ops and the pairs that meet cancel. A function is converted when it has at least `min-convs` convolutions. Statistics: ops converted
-    and kept (by op), weights packed, conversions inserted, sunk, cancelled and left."""
+    The conversions move through elementwise ops and the pairs that meet cancel. A function is
+    converted when it has at least `min-convs` convolutions; `pack-conv` and `pack-linear` block
+    weights in GEMM panels. Statistics: ops converted and kept (by op), weights packed (of them in
+    conv panels), linears packed, conversions inserted, sunk, cancelled and left."""
     name = "layout"
     priority = 85
     requires = frozenset({"verified"})
     min_convs: int = 1
     pack_linear: bool = True
+    pack_conv: bool = True
 
     def run(self, module: Module) -> dict:
         converted: Counter = Counter()
         kept: Counter = Counter()
-        packed = inserted = 0
+        packed: Counter = Counter()
+        inserted = 0
         before = _conversions(module)
         for fn in module.functions.values():
             ops = [op for op in fn.ops if _convertible(op)]
@@ -61,7 +66,7 @@ class LayoutPass(ModulePass):
                 continue
             rw = Rewriter(module, fn)
             for op in ops:
-                packed += _to_nhwc(rw, op)
+                packed[_to_nhwc(rw, op, self.pack_conv)] += 1
                 converted[op.name.removeprefix("cuvil.")] += 1
                 inserted += 2
         linears = sum(_pack_linear(Rewriter(module, fn), op) for fn in module.functions.values()
@@ -69,7 +74,8 @@ class LayoutPass(ModulePass):
         fired = apply_patterns(module, {ANY_OP: [sink_conversion],
                                         "cuvil.permute": [permute_permute, permute_identity]})
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
-                "weights-packed": packed, "linears-packed": linears,
+                "weights-packed": packed["hwio"] + packed["panels"], "conv-panels": packed["panels"],
+                "linears-packed": linears,
                 "conversions-inserted": inserted, "sunk": fired["sink_conversion"],
                 "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
 
@@ -96,30 +102,36 @@ def _pack_linear(rw: Rewriter, op: Operation) -> int:
     return 1
 
 
-def _permuted_type(t: TensorType, perm) -> TensorType:
-    return t.with_shape(tuple(t.shape[p] for p in perm))
-
-
-def _to_nhwc(rw: Rewriter, op: Operation) -> int:
-    """Rewrite `op` to NHWC between conversions; 1 when a weight was packed at compile time."""
+def _to_nhwc(rw: Rewriter, op: Operation, pack_conv: bool) -> str | None:
+    """Rewrite `op` to NHWC between conversions; says how a weight was packed at compile time:
+    "hwio", "panels" (`_panel_packable`), or None."""
     x, *rest = op.operands
-    packed = 0
+    packed, attrs = None, {**op.attrs, "layout": "nhwc"}
     if op.name == "cuvil.conv2d":
         weight = rest[0]
         data = rw.module.constants.get(producer(weight).attrs["name"]) \
             if producer(weight) is not None and producer(weight).name == "cuvil.const" else None
         if data is not None:
-            name = add_constant(rw.module, f"{producer(weight).attrs['name']}.hwio", data.permute(*WEIGHT_TO_HWIO))
+            hwio, packed = data.permute(*WEIGHT_TO_HWIO), "hwio"
+            if pack_conv and _panel_packable(op, data):
+                hwio, packed = pack_conv_panels(hwio), "panels"
+                attrs["out_channels"] = data.shape[0]
+            name = add_constant(rw.module, f"{producer(weight).attrs['name']}.{packed}", hwio)
             rest[0] = rw.create(op, "cuvil.const", attrs={"name": name},
-                                result_types=[_permuted_type(weight.type, WEIGHT_TO_HWIO)]).result
-            packed = 1
+                                result_types=[weight.type.with_shape(tuple(hwio.shape))]).result
         else:
             rest[0] = rw.create(op, "cuvil.permute", [weight], {"perm": list(WEIGHT_TO_HWIO)}).result
     x_nhwc = rw.create(op, "cuvil.permute", [x], {"perm": list(TO_NHWC)}).result
-    nhwc = rw.create(op, op.name, [x_nhwc, *rest], {**op.attrs, "layout": "nhwc"})
+    nhwc = rw.create(op, op.name, [x_nhwc, *rest], attrs)
     back = rw.create(op, "cuvil.permute", [nhwc.result], {"perm": list(TO_NCHW)})
     rw.replace(op, back.results)
     return packed
+
+
+def _panel_packable(op: Operation, weight: torch.Tensor) -> bool:
+    """An fp32 convolution with one group and no dilation runs as an implicit GEMM on panels
+    (`codegen/library.py`); a depthwise or dilated one keeps its `[kh, kw, in/groups, out]` weight."""
+    return weight.dtype == torch.float32 and op.attrs["groups"] == 1 and list(op.attrs["dilation"]) == [1, 1]
 
 
 def _is_conversion(v: Value) -> bool:

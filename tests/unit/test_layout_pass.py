@@ -48,6 +48,8 @@ def test_every_conv_and_pool_runs_in_nhwc_with_two_conversions_left(converted):
     assert stats["converted"].get("conv2d") == convs
     assert sum(stats["converted"].values()) - convs == pools
     assert stats["weights-packed"] == convs
+    # every convolution with one group gets its weight blocked in GEMM panels (the depthwise one: HWIO)
+    assert stats["conv-panels"] == sum(isinstance(m, nn.Conv2d) and m.groups == 1 for m in layers)
     assert stats["conversions-left"] == 2
     images = [op for op in module.main.ops if op.name.endswith(("conv2d", "pool2d"))]
     assert images and all(op.attrs["layout"] == "nhwc" for op in images)
@@ -113,7 +115,7 @@ def test_single_conv_function_is_converted_but_min_convs_can_keep_it():
     assert layout_statistics(report)["converted"] == {"conv2d": 1}
     report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2}", native=False)
     assert layout_statistics(report) == {"converted": {}, "kept": {"conv2d": 1}, "weights-packed": 0,
-                                         "linears-packed": 0, "conversions-inserted": 0, "sunk": 0,
+                                         "conv-panels": 0, "linears-packed": 0, "conversions-inserted": 0, "sunk": 0,
                                          "cancelled": 0, "conversions-left": 0}
 
 

@@ -129,19 +129,41 @@ class LinearOp(OpDef):
 
 
 PANEL = 32      # columns per packed panel of a linear's weight (codegen/panel_gemm.py)
+PANEL_WIDTHS = (16, 32)     # the panel widths the GEMM microkernel takes
 
 
-def pack_panels(weight):
-    """`[out, in]` -> `[ceil(out / PANEL), in, PANEL]`, zero-padded."""
+def conv_panel_width(out_channels: int) -> int:
+    """A convolution's panel width: one 16-float panel for up to 16 output channels (a stem),
+    whose MR x 16 blocks waste no lanes; 32 otherwise (fewer loads per multiply-add)."""
+    return 16 if out_channels <= 16 else 32
+
+
+def pack_panels(weight, width: int = PANEL):
+    """`[out, in]` -> `[ceil(out / width), in, width]`, zero-padded."""
     out, inner = weight.shape
-    panels = -(-out // PANEL)
-    padded = weight.new_zeros(panels * PANEL, inner)
+    panels = -(-out // width)
+    padded = weight.new_zeros(panels * width, inner)
     padded[:out] = weight
-    return padded.reshape(panels, PANEL, inner).transpose(1, 2).contiguous()
+    return padded.reshape(panels, width, inner).transpose(1, 2).contiguous()
 
 
 def unpack_panels(packed, out: int):
     return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:out]
+
+
+def pack_conv_panels(hwio):
+    """An NHWC convolution's `[kh, kw, in, out]` weight -> `[ceil(out / width), kh, kw, in, width]`:
+    the panels of its `[kh * kw * in, out]` GEMM operand (`conv_panel_width`)."""
+    kh, kw, cin, out = hwio.shape
+    width = conv_panel_width(out)
+    return pack_panels(hwio.reshape(kh * kw * cin, out).t(), width).reshape(-1, kh, kw, cin, width)
+
+
+def unpack_conv_panels(packed, out: int):
+    """The inverse of `pack_conv_panels`, as an OIHW weight."""
+    panels, kh, kw, cin, width = packed.shape
+    return unpack_panels(packed.reshape(panels, kh * kw * cin, width), out).reshape(out, kh, kw, cin) \
+        .permute(0, 3, 1, 2)
 
 
 @register_op
@@ -205,11 +227,14 @@ def _in_nchw(attrs, fn, x, *rest):
 class Conv2dOp(OpDef):
     """2-d convolution. `layout = nchw`: x `[N, C, H, W]`, weight `[out, in/groups, kh, kw]`;
     `layout = nhwc` (chosen by the `layout` pass): x `[N, H, W, C]`, weight pre-packed as
-    `[kh, kw, in/groups, out]`, result `[N, OH, OW, out]`."""
+    `[kh, kw, in/groups, out]`, result `[N, OH, OW, out]`. An NHWC convolution with one group and
+    `out_channels` set has its weight blocked in GEMM panels, `[ceil(out / P), kh, kw, in, P]` with
+    P in PANEL_WIDTHS (`pack_conv_panels`)."""
     name = "cuvil.conv2d"
     operands = ("x", "weight", "bias?")
     attrs = {"stride": optional("ints", [1, 1]), "padding": optional("ints", [0, 0]),
-             "dilation": optional("ints", [1, 1]), "groups": optional("int", 1), "layout": optional("str", "nchw")}
+             "dilation": optional("ints", [1, 1]), "groups": optional("int", 1), "layout": optional("str", "nchw"),
+             "out_channels": optional("int?")}
     tags = frozenset({"opaque"})
     amp = "always"
 
@@ -218,12 +243,21 @@ class Conv2dOp(OpDef):
         x, w, *bias = types
         require_same_dtype(types)
         _require_rank(x, (4,), "x")
-        _require_rank(w, (4,), "weight")
         nhwc = image_layout(attrs) == "nhwc"
         groups = attrs["groups"]
-        if nhwc:
+        out_ch = attrs["out_channels"]
+        if out_ch is not None:
+            if not nhwc or groups != 1 or w.rank != 5 or w.shape[4] not in PANEL_WIDTHS \
+                    or out_ch < 1 or w.shape[0] != -(-out_ch // w.shape[4]):
+                raise ValueError(f"a convolution weight packed for out_channels = {out_ch} needs layout nhwc, "
+                                 f"groups 1 and shape [ceil(out / P), kh, kw, in, P] with P in {PANEL_WIDTHS}, "
+                                 f"got {w}, groups = {groups}, layout {attrs['layout']}")
+            kh, kw, in_per_group = w.shape[1:4]
+        elif nhwc:
+            _require_rank(w, (4,), "weight")
             kh, kw, in_per_group, out_ch = w.shape
         else:
+            _require_rank(w, (4,), "weight")
             out_ch, in_per_group, kh, kw = w.shape
         if not all(isinstance(d, int) for d in (out_ch, in_per_group, kh, kw)):
             raise ValueError(f"the weight of a convolution must have a static shape, got {w}")
@@ -240,7 +274,9 @@ class Conv2dOp(OpDef):
 
     @staticmethod
     def evaluate(attrs, x, weight, bias=None):
-        if attrs["layout"] == "nhwc":
+        if attrs["out_channels"] is not None:
+            weight = unpack_conv_panels(weight, attrs["out_channels"])
+        elif attrs["layout"] == "nhwc":
             weight = weight.permute(*WEIGHT_TO_OIHW)
         return _in_nchw(attrs, lambda t: F.conv2d(t, weight, bias, attrs["stride"], attrs["padding"],
                                                   attrs["dilation"], attrs["groups"]), x)

@@ -1,0 +1,140 @@
+"""NHWC convolutions with weights blocked in GEMM panels (`pack_conv_panels`), run as an implicit
+GEMM on the panel microkernel (`library.conv2d_implicit`), against eager torch in NCHW: both panel
+widths with full and partial last panels, strides, paddings that are wider or narrower than the
+window needs, non-square kernels, 1x1 convolutions with and without stride, a symbolic batch,
+symbolic image sizes, thread splits, the stem's permuted NCHW input, and the layout pass choosing
+it end to end."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cuvil
+from cuvil.codegen.kernel_text import parse_kernels, print_kernels
+from cuvil.codegen.library import conv_algorithm
+from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, unpack_conv_panels
+
+from codegen_helpers import Graph, T, compile_graphs, run
+from test_library import rand
+
+# (in channels, out channels, kernel (h, w), stride (h, w), padding (h, w), image (h, w))
+CONVS = [
+    (3, 16, (3, 3), (1, 1), (1, 1), (12, 10)),      # an RGB stem: one 16-wide panel
+    (3, 5, (3, 3), (1, 1), (1, 1), (7, 9)),         # a partial 16-wide panel
+    (16, 40, (3, 3), (2, 2), (1, 1), (11, 13)),     # a 32-wide panel and a partial one, stride 2
+    (8, 32, (5, 5), (2, 2), (2, 2), (9, 9)),
+    (8, 17, (3, 3), (2, 2), (0, 0), (10, 10)),      # the last image column is never read
+    (4, 24, (1, 3), (1, 1), (0, 1), (6, 8)),        # non-square kernel
+    (16, 33, (1, 1), (2, 2), (0, 0), (9, 11)),      # 1x1 with stride (implicit), 33 = 32 + 1
+    (32, 64, (1, 1), (1, 1), (0, 0), (5, 7)),       # 1x1 stride 1: one plain panel GEMM
+    (6, 20, (3, 3), (3, 1), (2, 0), (13, 8)),       # padding wider than half the kernel is legal
+    (2, 16, (7, 7), (2, 2), (3, 3), (15, 15)),
+]
+
+
+def _graph(i, c, oc, k, s, p, image, batch="s0"):
+    weight = T(*pack_conv_panels(torch.zeros(*k, c, oc)).shape)
+    return Graph(f"implicit{i}", lambda b, x, w, bi: b("cuvil.relu", b(
+        "cuvil.conv2d", x, w, bi, stride=list(s), padding=list(p), layout="nhwc", out_channels=oc)),
+        [T(batch, *image, c), weight, T(oc)])
+
+
+GRAPHS = {i: _graph(i, *cfg) for i, cfg in enumerate(CONVS)}
+GRAPHS["sym"] = Graph("implicit_sym", lambda b, x, w, bi: b(
+    "cuvil.conv2d", x, w, bi, stride=[2, 1], padding=[1, 1], layout="nhwc", out_channels=24),
+    [T("s0", "s1", "s2", 8), T(*pack_conv_panels(torch.zeros(3, 3, 8, 24)).shape), T(24)])
+# the stem after the layout pass: the NCHW input permuted to NHWC, read inside the conv's kernel
+GRAPHS["stem"] = Graph("implicit_stem", lambda b, x, w, bi: b("cuvil.relu", b(
+    "cuvil.conv2d", b("cuvil.permute", x, perm=list(TO_NHWC)), w, bi, padding=[1, 1], layout="nhwc",
+    out_channels=16)), [T("s0", 3, 20, 20), T(1, 3, 3, 3, 16), T(16)])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_graphs(GRAPHS.values())
+
+
+def _reference(x_nchw, w_oihw, bias, stride, padding, relu=True):
+    out = F.conv2d(x_nchw, w_oihw, bias, stride, padding)
+    return F.relu(out) if relu else out
+
+
+def test_panel_packing_round_trips():
+    w = rand(40, 16, 3, 3)
+    packed = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO))
+    assert packed.shape == (2, 3, 3, 16, 32)
+    assert torch.equal(packed[1, 2, 0, 5, 7], w[32 + 7, 5, 2, 0]) and not packed[1, ..., 8:].any()
+    assert torch.equal(unpack_conv_panels(packed, 40), w)
+    assert pack_conv_panels(rand(3, 3, 3, 16)).shape[-1] == 16
+
+
+@pytest.mark.parametrize("i", range(len(CONVS)))
+def test_implicit_conv_matches_eager(compiled, i):
+    c, oc, k, s, p, (h, w_) = CONVS[i]
+    w = rand(oc, c, *k, seed=1)
+    packed = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO).contiguous())
+    bias = rand(oc, seed=2)
+    for n, split in ((1, 1), (3, 2), (2, 5)):
+        x = rand(n, c, h, w_)
+        out = run(GRAPHS[i], compiled, x.permute(*TO_NHWC).contiguous(), packed, bias, split=split)
+        torch.testing.assert_close(out.permute(*TO_NCHW), _reference(x, w, bias, s, p), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_image_sizes(compiled):
+    w, bias = rand(24, 8, 3, 3, seed=3), rand(24, seed=4)
+    packed = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO).contiguous())
+    for n, h, w_ in ((1, 5, 9), (2, 12, 3), (1, 1, 1)):
+        x = rand(n, 8, h, w_)
+        out = run(GRAPHS["sym"], compiled, x.permute(*TO_NHWC).contiguous(), packed, bias)
+        torch.testing.assert_close(out.permute(*TO_NCHW), _reference(x, w, bias, (2, 1), (1, 1), relu=False),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_stem_reads_the_nchw_input_through_the_permute(compiled):
+    w, bias = rand(16, 3, 3, 3, seed=5), rand(16, seed=6)
+    assert len(GRAPHS["stem"].kernels) == 1     # the permute is read inside the conv's kernel
+    x = rand(2, 3, 20, 20)
+    out = run(GRAPHS["stem"], compiled, x, pack_conv_panels(w.permute(*WEIGHT_TO_HWIO).contiguous()), bias)
+    torch.testing.assert_close(out.permute(*TO_NCHW), _reference(x, w, bias, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_text_round_trips_the_windowed_gemm():
+    (kernel,) = GRAPHS[0].kernels
+    text = print_kernels([kernel])
+    (gemm,) = [line.strip() for line in text.splitlines() if line.strip().startswith("gemm")]
+    # 12x10 image, 3 channels, padding 1: A rows are 3 floats apart, an output row further is
+    # one padded row (12 columns * 3), each kernel row a run of 3 * 3 floats
+    assert re.search(r"b_panels=16, a_rows=10, a_rows_stride=36, k_run=9, k_run_stride=36$", gemm)
+    assert "lda=3" in gemm and "k=27" in gemm
+    assert print_kernels(parse_kernels(text)) == text
+
+
+def test_layout_pass_chooses_the_implicit_gemm_end_to_end():
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 40, 3, stride=2, padding=1),
+                          nn.Conv2d(40, 40, 3, padding=2, dilation=2), nn.Conv2d(40, 40, 3, groups=4)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = cuvil.compile(model)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    (stats,) = [p["statistics"] for p in compiled.report.passes if p["name"] == "layout"]
+    assert stats["weights-packed"] == 4 and stats["conv-panels"] == 2    # dilated and grouped: HWIO
+    algorithms = [conv_algorithm(op) for op in cuvil.parse(compiled.report.output_ir).main.ops
+                  if op.name == "cuvil.conv2d"]
+    assert algorithms == ["implicit", "implicit", "im2col", "im2col"]
+    off = cuvil.compile(model, pipeline="verify,shape-infer,fold-constants,layout{pack-conv=false},"
+                                        "canonicalize,fuse,plan-memory")
+    with torch.no_grad():
+        torch.testing.assert_close(off(x), model(x), rtol=1e-4, atol=1e-4)
+    assert "out_channels" not in off.report.output_ir
+
+
+@pytest.mark.parametrize("target,instruction", [("aarch64", r"\bfmla\b"), ("x86_64", r"\bvfmadd\w+ps\b.*ymm")])
+def test_implicit_conv_for_other_targets(target, instruction):
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 40, 3)).eval()
+    report = cuvil.explain(model, torch.randn(1, 3, 10, 10), target=target)
+    irs = "\n".join(k["kernel_ir"] for k in report.kernels)
+    assert "b_panels=16" in irs and "b_panels=32" in irs and "k_run=" in irs
+    convs = [k for k in report.kernels if "k_run=" in k["kernel_ir"]]
+    assert len(convs) == 2 and all(re.search(instruction, k["asm"]) for k in convs)
