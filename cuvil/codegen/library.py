@@ -26,7 +26,7 @@ import sympy
 from ..errors import CuvilUnsupportedOpError
 from ..ir.core import Operation
 from ..ir.ops.common import pair
-from ..ir.ops.nn import PANEL, spatial_axes
+from ..ir.ops.nn import spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import bounds, broadcast_index, floor_div, modulo
 from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
@@ -326,7 +326,7 @@ def linear(lw, op):
     out_f = op.attrs["out_features"]
     if out_f is not None:       # pre-packed in panels by the layout pass
         in_f = w.type.shape[1]
-        _row_tiles(lw, T, rows, out_f, X, Wt, in_f, PANEL, False, row_shape, b_panels=PANEL)
+        _row_tiles(lw, T, rows, out_f, X, Wt, in_f, 0, False, row_shape, b_panels=w.type.shape[2])
         return
     out_f, in_f = w.type.shape
     _row_tiles(lw, T, rows, out_f, X, Wt, in_f, in_f, True, row_shape)

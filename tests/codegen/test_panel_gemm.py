@@ -10,7 +10,7 @@ from torch import nn
 
 import cuvil
 from cuvil.codegen.kernel_text import parse_kernels, print_kernels
-from cuvil.ir.ops.nn import PANEL, pack_panels, unpack_panels
+from cuvil.ir.ops.nn import pack_panels, panel_width, unpack_panels
 
 from codegen_helpers import Graph, T, compile_graphs, run
 from test_library import rand
@@ -23,7 +23,7 @@ SHAPES = [(1, 64, 10), (2, 64, 33), (5, 3, 32), (6, 17, 100), (7, 64, 64), (13, 
 
 def _graph(i, k, n):
     return Graph(f"packed{i}", lambda b, x, w, bias: b("cuvil.relu", b("cuvil.linear", x, w, bias, out_features=n)),
-                 [T("s0", k), T(-(-n // PANEL), k, PANEL), T(n)])
+                 [T("s0", k), T(*pack_panels(torch.zeros(n, k)).shape), T(n)])
 
 
 GRAPHS = {i: _graph(i, k, n) for i, (_, k, n) in enumerate(SHAPES)}
@@ -37,9 +37,11 @@ def compiled():
 def test_packing_round_trips():
     w = rand(70, 5)
     packed = pack_panels(w)
-    assert packed.shape == (3, 5, PANEL)
-    assert torch.equal(packed[1, :, 3], w[PANEL + 3]) and not packed[2, :, 6:].any()   # zero padding
+    assert packed.shape == (3, 5, 32)
+    assert torch.equal(packed[1, :, 3], w[32 + 3]) and not packed[2, :, 6:].any()   # zero padding
     assert torch.equal(unpack_panels(packed, 70), w)
+    head = pack_panels(rand(10, 7))             # a narrow output: one 16-wide panel
+    assert head.shape == (1, 7, 16) and panel_width(10) == 16 and not head[..., 10:].any()
 
 
 @pytest.mark.parametrize("i", range(len(SHAPES)))
@@ -54,7 +56,7 @@ def test_packed_linear_matches_eager(compiled, i):
 def test_kernel_text_keeps_the_packed_operand():
     (kernel,) = GRAPHS[0].kernels
     text = print_kernels([kernel])
-    assert "b_panels=32" in text
+    assert "b_panels=16" in text
     assert print_kernels(parse_kernels(text)) == text
 
 

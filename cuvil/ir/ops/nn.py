@@ -95,8 +95,8 @@ class BatchNormOp(OpDef):
 @register_op
 class LinearOp(OpDef):
     """`x @ weight.T + bias` with weight `[out, in]`; with `out_features` set (by the `layout` pass)
-    the weight is pre-packed in panels of PANEL columns, `[ceil(out / PANEL), in, PANEL]`
-    (`weight[p, k, j] = W[PANEL * p + j, k]`, zero-padded)."""
+    the weight is pre-packed in panels of P columns, `[ceil(out / P), in, P]` with P in PANEL_WIDTHS
+    (`weight[p, k, j] = W[P * p + j, k]`, zero-padded; `pack_panels`)."""
     name = "cuvil.linear"
     operands = ("x", "weight", "bias?")
     attrs = {"out_features": optional("int?")}
@@ -111,9 +111,9 @@ class LinearOp(OpDef):
         if x.rank < 1 or w.rank != (2 if out is None else 3):
             raise ValueError(f"linear needs x of rank >= 1 and a {'2' if out is None else '3'}-d weight, "
                              f"got {types_str(types)}")
-        if out is not None and (out < 1 or w.shape[0] != -(-out // PANEL) or w.shape[2] != PANEL):
-            raise ValueError(f"a weight packed for out_features = {out} must be "
-                             f"[{-(-out // PANEL) if out >= 1 else '?'}, in, {PANEL}], got {w}")
+        if out is not None and (out < 1 or w.shape[2] not in PANEL_WIDTHS or w.shape[0] != -(-out // w.shape[2])):
+            raise ValueError(f"a weight packed for out_features = {out} must be [ceil(out / P), in, P] with P "
+                             f"in {PANEL_WIDTHS}, got {w}")
         if not dims_equal(x.shape[-1], w.shape[1]):
             raise ValueError(f"in-features differ: x {x} against weight {w}")
         out = w.shape[0] if out is None else out
@@ -128,19 +128,20 @@ class LinearOp(OpDef):
         return F.linear(x, weight, bias)
 
 
-PANEL = 32      # columns per packed panel of a linear's weight (codegen/panel_gemm.py)
-PANEL_WIDTHS = (16, 32)     # the panel widths the GEMM microkernel takes
+PANEL_WIDTHS = (16, 32)     # columns per packed panel of a weight (codegen/panel_gemm.py)
 
 
-def conv_panel_width(out_channels: int) -> int:
-    """A convolution's panel width: one 16-float panel for up to 16 output channels (a stem),
-    whose MR x 16 blocks waste no lanes; 32 otherwise (fewer loads per multiply-add)."""
-    return 16 if out_channels <= 16 else 32
+def panel_width(out: int) -> int:
+    """The panel width for `out` output columns: one 16-wide panel for up to 16 (a stem
+    convolution, a classifier head), whose MR x 16 blocks waste no lanes; 32 otherwise (fewer
+    loads per multiply-add)."""
+    return 16 if out <= 16 else 32
 
 
-def pack_panels(weight, width: int = PANEL):
-    """`[out, in]` -> `[ceil(out / width), in, width]`, zero-padded."""
+def pack_panels(weight):
+    """`[out, in]` -> `[ceil(out / P), in, P]` (P = `panel_width(out)`), zero-padded."""
     out, inner = weight.shape
+    width = panel_width(out)
     panels = -(-out // width)
     padded = weight.new_zeros(panels * width, inner)
     padded[:out] = weight
@@ -152,11 +153,10 @@ def unpack_panels(packed, out: int):
 
 
 def pack_conv_panels(hwio):
-    """An NHWC convolution's `[kh, kw, in, out]` weight -> `[ceil(out / width), kh, kw, in, width]`:
-    the panels of its `[kh * kw * in, out]` GEMM operand (`conv_panel_width`)."""
+    """An NHWC convolution's `[kh, kw, in, out]` weight -> `[ceil(out / P), kh, kw, in, P]`: the
+    panels of its `[kh * kw * in, out]` GEMM operand (`pack_panels`)."""
     kh, kw, cin, out = hwio.shape
-    width = conv_panel_width(out)
-    return pack_panels(hwio.reshape(kh * kw * cin, out).t(), width).reshape(-1, kh, kw, cin, width)
+    return pack_panels(hwio.reshape(kh * kw * cin, out).t()).reshape(-1, kh, kw, cin, panel_width(out))
 
 
 def unpack_conv_panels(packed, out: int):
