@@ -467,7 +467,7 @@ def conv2d_implicit(lw, op):
     tile_rows = _tile_rows(OH, OW)
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
     in_rows, Wp = (tile_rows - 1) * sh + KH, norm_dim((sympy.sympify(OW) - 1) * sw + KW)
-    padded = lw.scratch(DType.f32, [norm_dim(N * tiles), in_rows, Wp, C])
+    padded = lw.scratch(DType.f32, [norm_dim(N * tiles), norm_dim(in_rows * Wp * C)])
     Wt = lw.inputs[id(w)]
 
     def body(q, n, g, first, count):
@@ -479,34 +479,27 @@ def conv2d_implicit(lw, op):
 
 
 def _copy_padded(lw, x, padded, q, n, top_row, rows, pw, Wp):
-    """padded[q, r, j, c] = x[n, top_row + r, j - pw, c] for r < rows and j < Wp, zero outside the
-    image: the rows and columns inside are a plain copy, the borders stored zeros (no per-element
-    masks). Channels innermost when there are enough of them, else image columns (an RGB stem
-    reads an NCHW input through a permute)."""
+    """Tile q of the zero-padded copy (`padded[q]`, rows x Wp x C floats, flat) of the image rows
+    from `top_row` and the columns from -pw: zeros first (one flat loop, a memset), then the part
+    inside the image, a plain copy with no per-element masks: channels innermost, or image columns
+    when there are few channels (an RGB stem, whose NCHW input is read through a permute)."""
     _, H, W, C = x.type.shape
-    zero = const(0.0, DType.f32)
+    lw.loop("t", norm_dim(rows * Wp * C), lambda t: lw.emit(Store(padded, [q, t], const(0.0, DType.f32))))
     above = sympy.Min(rows, sympy.Max(0, -top_row))
     below = sympy.Max(above, sympy.Min(rows, H - top_row))          # the first row under the image
     inside = sympy.Min(W, Wp - pw)                                   # columns copied per row
+    spans = {"r": (above, below), "j": (pw, pw + inside), "c": (0, C)}
 
-    def box(rows_from, rows_to, cols_from, cols_to, value):
-        order = ["r", "j", "c"]
-        spans = {"r": (rows_from, rows_to), "j": (cols_from, cols_to), "c": (0, C)}
-
-        def nest(level, at):
-            if level == 3:
-                lw.emit(Store(padded, [q, at["r"], at["j"], at["c"]], value(at["r"], at["j"], at["c"])))
-                return
-            name = order[level]
-            lo, hi = spans[name]
-            lw.loop(name, norm_dim(sympy.Max(0, sympy.sympify(hi) - lo)),
-                    lambda v: nest(level + 1, {**at, name: v}), start=lo)
-        nest(0, {})
-    box(0, above, 0, Wp, lambda r, j, c: zero)
-    box(below, rows, 0, Wp, lambda r, j, c: zero)
-    box(above, below, 0, pw, lambda r, j, c: zero)
-    box(above, below, pw + inside, Wp, lambda r, j, c: zero)
-    box(above, below, pw, pw + inside, lambda r, j, c: lw.value(x, [n, top_row + r, j - pw, c]))
+    def nest(level, at):
+        if level == 3:
+            r, j, c = at["r"], at["j"], at["c"]
+            lw.emit(Store(padded, [q, (r * Wp + j) * C + c], lw.value(x, [n, top_row + r, j - pw, c])))
+            return
+        name = ("rjc" if C >= NHWC_MIN_CHANNEL_RUN else "rcj")[level]
+        lo, hi = spans[name]
+        lw.loop(name, norm_dim(sympy.Max(0, sympy.sympify(hi) - lo)), lambda v: nest(level + 1, {**at, name: v}),
+                start=lo)
+    nest(0, {})
 
 
 def _loops(lw, names, extents, body):

@@ -38,7 +38,7 @@ from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Le
                         GEMM_WINDOW, loop_var, operands)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
-from .panel_gemm import ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, panel_rows
+from .panel_gemm import ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_rows
 from .target import Target
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -262,7 +262,7 @@ class KernelEmitter:
             props = [("llvm.loop.unroll.disable",)]
             if _latency_bound(s.body):
                 props.append(("llvm.loop.interleave.count", LATENCY_INTERLEAVE))
-            latch.set_metadata("llvm.loop", _loop_metadata(self.mb.module, *props))
+            latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, *props))
 
     def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> ir.Instruction:
         """for var in lo..hi: body(); returns the back-edge branch (for loop metadata)."""
@@ -361,7 +361,7 @@ class KernelEmitter:
             # unrolled, a static number of blocks lets GVN merge the loads of consecutive reductions
             # over the same row (layer norm) and spill hundreds of vectors: keep it a loop
             latch = self.counted_loop(inner.var + ".block", ir.Constant(I64, 0), count, block)
-            latch.set_metadata("llvm.loop", _loop_metadata(self.mb.module, ("llvm.loop.unroll.disable",)))
+            latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.unroll.disable",)))
         self._reduce_nest(outer, row)
         return self._sum_stack(stack, b.load(depth, typ=I64), init, s.var.name)
 
@@ -833,16 +833,6 @@ SHARED_OPS: dict[str, Callable] = {
     "xor": lambda em, x, y: em.b.xor(x, y),
     "select": lambda em, c, x, y: em.b.select(c, x, y),
 }
-
-
-def _loop_metadata(module: ir.Module, *props: tuple) -> ir.values.MDValue:
-    """A loop ID: a fresh node whose first operand is itself, then one node per property
-    (its name and any i32 values)."""
-    loop = ir.values.MDValue(module, [], name=str(len(module.metadata)))
-    loop.operands = (loop, *(module.add_metadata([ir.MetaDataString(module, name),
-                                                  *(ir.Constant(ir.IntType(32), v) for v in values)])
-                             for name, *values in props))
-    return loop
 
 
 def _latency_bound(stmts) -> bool:

@@ -82,8 +82,10 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int) -> None:
                     xs = b.shuffle_vector(b.insert_element(undef, x, ir.Constant(I32, 0)), undef, splat_mask)
                     for v in range(vectors):
                         b.store(b.call(fma, [xs, bv[v], b.load(acc[r][v], typ=vec)]), acc[r][v])
-            for_range(b, i64(0), k_run, i64(1), "k", step)
-        for_range(b, i64(0), b.sdiv(k, k_run), i64(1), "run", run)
+            # a short constant run (an RGB stem's 9) would be unrolled in every row-block variant:
+            # compile time grows tenfold for the same speed
+            for_range(b, i64(0), k_run, i64(1), "k", step, ("llvm.loop.unroll.count", 2))
+        for_range(b, i64(0), b.sdiv(k, k_run), i64(1), "run", run, ("llvm.loop.unroll.disable",))
         column = b.mul(p, i64(width))
         left = b.sub(n, column)
         whole = b.icmp_signed(">=", left, i64(width))
@@ -106,17 +108,21 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int) -> None:
 
     def panel(p):
         for_range(b, i64(0), full, i64(rows), "i", lambda first: block(p, first, rows))
+        # the last rows in blocks of the powers of two in their count: log2(rows) more block
+        # variants to generate instead of rows - 1 (each streams the panel once more)
         rest = b.sub(m, full)
-        for count in range(1, rows):     # the last rows in one block (the panel streams once more)
-            with b.if_then(b.icmp_signed("==", rest, i64(count))):
-                block(p, full, count)
+        part = 1 << (rows - 1).bit_length() - 1 if rows > 1 else 0
+        while part:
+            with b.if_then(b.icmp_signed("!=", b.and_(rest, i64(part)), i64(0))):
+                block(p, b.add(full, b.and_(rest, i64(~(2 * part - 1)))), part)
+            part >>= 1
     for_range(b, i64(0), panels, i64(1), "p", panel)
     b.ret_void()
 
 
 def for_range(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: str,
-              body: Callable[[ir.Value], None]) -> None:
-    """for (i = lo; i < hi; i += step) body(i)"""
+              body: Callable[[ir.Value], None], *loop_properties: tuple) -> None:
+    """for (i = lo; i < hi; i += step) body(i), with LLVM loop properties (`loop_metadata`)"""
     pre = b.block
     header, inner, exit_ = (b.function.append_basic_block(f"{name}.{part}") for part in ("header", "body", "exit"))
     b.branch(header)
@@ -127,5 +133,17 @@ def for_range(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name:
     b.position_at_end(inner)
     body(i)
     i.add_incoming(b.add(i, step, flags=["nsw"]), b.block)
-    b.branch(header)
+    latch = b.branch(header)
+    if loop_properties:
+        latch.set_metadata("llvm.loop", loop_metadata(b.module, *loop_properties))
     b.position_at_end(exit_)
+
+
+def loop_metadata(module: ir.Module, *props: tuple) -> ir.values.MDValue:
+    """A loop ID: a fresh node whose first operand is itself, then one node per property
+    (its name and any i32 values)."""
+    loop = ir.values.MDValue(module, [], name=str(len(module.metadata)))
+    loop.operands = (loop, *(module.add_metadata([ir.MetaDataString(module, name),
+                                                  *(ir.Constant(ir.IntType(32), v) for v in values)])
+                             for name, *values in props))
+    return loop
