@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
@@ -268,6 +269,17 @@ def _same_constant(a, b) -> bool:
 # ----------------------------------------------------------------------------- variants
 
 
+def _allocator(dtype: torch.dtype) -> Callable[[tuple], torch.Tensor]:
+    """A function that allocates an output of `dtype`: through numpy where it has the dtype, which
+    costs ~1 µs less per call than torch.empty (whose argument parsing dominates at these sizes).
+    Such a tensor is an ordinary CPU tensor except that its storage cannot be resized."""
+    try:
+        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:           # bfloat16 and other dtypes numpy lacks
+        return lambda shape: torch.empty(shape, dtype=dtype)
+    return lambda shape: torch.from_numpy(np.empty(shape, np_dtype))
+
+
 class Variant:
     """One compilation: the import, the native program, the guard and the report."""
 
@@ -277,8 +289,9 @@ class Variant:
         program = self.native.program
         index = {s: i for i, s in enumerate(program.symbols)}
         self._outputs = [([to_postfix(d, index) for d in t.shape], t.dtype.torch) for t in program.outputs]
+        self._allocators = [_allocator(dtype) for _, dtype in self._outputs]
         self._static_outputs = None if program.symbols else [
-            ([evaluate(d, []) for d in shape], dtype) for shape, dtype in self._outputs]
+            (tuple(evaluate(d, []) for d in shape), alloc) for (shape, _), alloc in zip(self._outputs, self._allocators)]
         self._engine = self.native.executable.engine if self.native.executable is not None else None
         self._detailed = False
 
@@ -289,9 +302,10 @@ class Variant:
                              f"it cannot run on this machine; compile with target='host' to run it")
         inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
         if self._static_outputs is not None:
-            outputs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._static_outputs]
+            outputs = [alloc(shape) for shape, alloc in self._static_outputs]
         else:
-            outputs = [torch.empty([evaluate(d, symbols) for d in shape], dtype=dtype) for shape, dtype in self._outputs]
+            outputs = [alloc(tuple(evaluate(d, symbols) for d in shape))
+                       for (shape, _), alloc in zip(self._outputs, self._allocators)]
         self._engine.run([(x.data_ptr(), x.nbytes) for x in inputs], [(y.data_ptr(), y.nbytes) for y in outputs],
                          symbols, False)
         return self.imported.unflatten(outputs)

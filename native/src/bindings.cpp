@@ -288,22 +288,25 @@ ProgramDesc read_program(py::handle h) {
 }
 
 // ---- run ----------------------------------------------------------------------------------------
-// An (address, nbytes) pair, or a DLPack tensor checked against the slot's dtype.
-Buffer read_buffer(py::handle h, const SlotDesc* slot, bool output, const std::string& what,
-                   std::vector<DlView>& views) {
-    if (py::isinstance<py::tuple>(h)) {
+// An (address, nbytes) pair, or a DLPack tensor checked against the slot's dtype. The error
+// messages name "input i" or "output i"; they are built only on an error (this runs every call).
+Buffer read_buffer(py::handle h, const SlotDesc* slot, bool output, size_t index, std::vector<DlView>& views) {
+    auto what = [&] { return (output ? "output " : "input ") + std::to_string(index); };
+    if (PyTuple_Check(h.ptr())) {
         auto t = py::reinterpret_borrow<py::tuple>(h);
-        if (t.size() != 2 || !py::isinstance<py::int_>(t[0]) || !py::isinstance<py::int_>(t[1]))
-            throw RunError(what + ": expected an (address, nbytes) pair of ints");
-        try {
-            return Buffer{reinterpret_cast<void*>(t[0].cast<uintptr_t>()), t[1].cast<uint64_t>()};
-        } catch (const py::cast_error&) {
-            throw RunError(what + ": address or nbytes out of range");
+        if (t.size() != 2 || !PyLong_Check(t[0].ptr()) || !PyLong_Check(t[1].ptr()))
+            throw RunError(what() + ": expected an (address, nbytes) pair of ints");
+        unsigned long long address = PyLong_AsUnsignedLongLong(t[0].ptr());   // negative: an error
+        unsigned long long nbytes = PyLong_AsUnsignedLongLong(t[1].ptr());
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            throw RunError(what() + ": address or nbytes out of range");
         }
+        return Buffer{reinterpret_cast<void*>(static_cast<uintptr_t>(address)), static_cast<uint64_t>(nbytes)};
     }
-    DlView v = take_dlpack<RunError>(h, what);
-    if (slot) check_dtype<RunError>(v, slot->dtype, what);
-    if (output && v.read_only) throw RunError(what + ": the tensor is read-only");
+    DlView v = take_dlpack<RunError>(h, what());
+    if (slot) check_dtype<RunError>(v, slot->dtype, what());
+    if (output && v.read_only) throw RunError(what() + ": the tensor is read-only");
     views.push_back(std::move(v));
     return Buffer{views.back().data, views.back().nbytes};
 }
@@ -317,10 +320,12 @@ py::object run(const Engine& e, const py::sequence& inputs, const py::sequence& 
     std::vector<DlView> views;
     views.reserve(inputs.size() + outputs.size());
     std::vector<Buffer> in, out;
+    in.reserve(inputs.size());
+    out.reserve(outputs.size());
     for (size_t i = 0; i < inputs.size(); ++i)
-        in.push_back(read_buffer(inputs[i], e.input_slot(static_cast<int>(i)), false, "input " + std::to_string(i), views));
+        in.push_back(read_buffer(inputs[i], e.input_slot(static_cast<int>(i)), false, i, views));
     for (size_t i = 0; i < outputs.size(); ++i)
-        out.push_back(read_buffer(outputs[i], e.output_slot(static_cast<int>(i)), true, "output " + std::to_string(i), views));
+        out.push_back(read_buffer(outputs[i], e.output_slot(static_cast<int>(i)), true, i, views));
     std::vector<StepTiming> timings;
     {
         py::gil_scoped_release nogil;
