@@ -1,10 +1,12 @@
 """How close Cuvil's GEMM-bound steps come to this machine's sgemm peak (`make bench` runs it).
 
 The peak is OpenBLAS's own `sgemm` (the library Cuvil calls, one thread) on a large square
-product, best of several runs. Each case is a `Linear` layer compiled with `cuvil.compile` (bias
-and activation fused into the GEMM's epilogue); its step time comes from the runtime's per-step
-timestamps (`compiled.profile`), median of many calls, and its rate is 2*M*N*K flops over that
-time. Results go to `gemm_efficiency.json` next to the suite's results.
+product, best of several runs. Each case is a `Linear` or `Conv2d` layer compiled with
+`cuvil.compile` (bias and activation fused into the GEMM's epilogue; a convolution runs as an
+implicit GEMM on its packed weight); its step time comes from the runtime's per-step timestamps
+(`compiled.profile`), median of many calls, and its rate is 2*M*N*K flops over that time (for a
+convolution M = output positions, N = out channels, K = in channels * kh * kw). Results go to
+`gemm_efficiency.json` next to the suite's results.
 
     python -m benchmarks.gemm_efficiency [--out DIR]
 """
@@ -29,6 +31,10 @@ PEAK_SIZE = 1024
 CASES = [("MLP b64 fc2", 64, 1024, 1024), ("MLP b64 fc1", 64, 512, 1024),
          ("BERT-small s128 FFN up", 128, 256, 1024), ("BERT-small s128 QKV", 128, 256, 768),
          ("square 512", 512, 512, 512)]
+# (label, batch, in channels, out channels, image size, stride): the CNN b16's GEMM convolutions
+# and a ResNet-sized 3x3 one (kernel 3, padding 1)
+CONV_CASES = [("CNN b16 stem 3->16", 16, 3, 16, 32, 1), ("CNN b16 block 16->32 s2", 16, 16, 32, 16, 2),
+              ("3x3 64->64 16x16 b8", 8, 64, 64, 16, 1)]
 
 
 def sgemm_peak_gflops(n: int = PEAK_SIZE, repeats: int = 7) -> float:
@@ -53,18 +59,32 @@ def gemm_step_gflops(m: int, k: int, n: int, calls: int = 60) -> tuple[float, fl
     """(GFLOP/s of the GEMM step of a compiled Linear+ReLU at M x K -> N, its median step time in µs)."""
     torch.manual_seed(0)
     layer = nn.Sequential(nn.Linear(k, n), nn.ReLU()).eval()
-    x = torch.randn(m, k)
+    return _step_gflops(layer, torch.randn(m, k), "cuvil.linear", 2 * m * n * k, calls)
+
+
+def conv_step_gflops(batch: int, cin: int, cout: int, size: int, stride: int,
+                     calls: int = 60) -> tuple[float, float]:
+    """The same for a compiled 3x3 Conv2d+ReLU (padding 1) on `batch` images of size x size."""
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, padding=1), nn.ReLU()).eval()
+    positions = batch * (-(-size // stride)) ** 2
+    return _step_gflops(layer, torch.randn(batch, cin, size, size), "cuvil.conv2d",
+                        2 * positions * cout * cin * 9, calls)
+
+
+def _step_gflops(layer: nn.Module, x: torch.Tensor, op_name: str, flops: int, calls: int) -> tuple[float, float]:
     compiled = cuvil.compile(layer)
-    torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
     gemm_steps = {st["step"] for st in compiled.report.schedule
-                  if any(op["name"] == "cuvil.linear" for op in _kernel(compiled, st["kernel"])["ops"])}
+                  if any(op["name"] == op_name for op in _kernel(compiled, st["kernel"])["ops"])}
     times = []
     for _ in range(calls):
         _, timings = compiled.profile(x)
         spans = [t for t in timings if t.step in gemm_steps]
         times.append((max(t.end_ns for t in spans) - min(t.start_ns for t in spans)) / 1e3)
     us = statistics.median(times)
-    return 2 * m * n * k / (us * 1e-6) / 1e9, us
+    return flops / (us * 1e-6) / 1e9, us
 
 
 def _kernel(compiled, name: str) -> dict:
@@ -84,6 +104,11 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"case": label, "m": m, "k": k, "n": n, "step_us": round(us, 1), "gflops": round(gflops, 1),
                      "fraction_of_peak": round(gflops / peak, 3)})
         print(f"{label:24s} {m}x{k}->{n}: {us:8.1f} µs  {gflops:6.1f} GFLOP/s  {gflops / peak:6.1%} of peak")
+    for label, batch, cin, cout, size, stride in CONV_CASES:
+        gflops, us = conv_step_gflops(batch, cin, cout, size, stride)
+        rows.append({"case": label, "batch": batch, "in": cin, "out": cout, "size": size, "stride": stride,
+                     "step_us": round(us, 1), "gflops": round(gflops, 1), "fraction_of_peak": round(gflops / peak, 3)})
+        print(f"{label:24s} conv 3x3: {us:8.1f} µs  {gflops:6.1f} GFLOP/s  {gflops / peak:6.1%} of peak")
     result = {"sgemm_peak_gflops": round(peak, 1), "peak_size": PEAK_SIZE, "threads": 1, "cases": rows}
     print(f"sgemm peak (OpenBLAS, {PEAK_SIZE}^3, 1 thread): {peak:.1f} GFLOP/s")
     write_json(result, args.out, "gemm_efficiency")
