@@ -2,8 +2,8 @@
 GEMM on the panel microkernel (`library.conv2d_implicit`), against eager torch in NCHW: both panel
 widths with full and partial last panels, strides, paddings that are wider or narrower than the
 window needs, non-square kernels, 1x1 convolutions with and without stride, a symbolic batch,
-symbolic image sizes, thread splits, the stem's permuted NCHW input, and the layout pass choosing
-it end to end."""
+symbolic image sizes, thread splits, the stem's permuted NCHW input, the layout pass choosing
+it end to end, and seeded random convolutions compiled through O3."""
 import re
 
 import pytest
@@ -138,3 +138,29 @@ def test_implicit_conv_for_other_targets(target, instruction):
     assert "b_panels=16" in irs and "b_panels=32" in irs and "k_run=" in irs
     convs = [k for k in report.kernels if "k_run=" in k["kernel_ir"]]
     assert len(convs) == 2 and all(re.search(instruction, k["asm"]) for k in convs)
+
+
+def _random_convs(count: int, seed: int = 7):
+    """Seeded random convolutions the implicit GEMM takes (one group, no dilation), each with an
+    output of at least one position."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))   # noqa: E731
+    out = []
+    while len(out) < count:
+        k, s, p = (pick(1, 5), pick(1, 5)), (pick(1, 3), pick(1, 3)), (pick(0, 2), pick(0, 2))
+        size = (pick(1, 14), pick(1, 14))
+        if all(size[i] + 2 * p[i] >= k[i] for i in range(2)):
+            out.append((pick(1, 20), pick(1, 70), k, s, p, size, pick(1, 3)))
+    return out
+
+
+@pytest.mark.parametrize("cin,cout,k,s,p,size,batch", _random_convs(12))
+def test_random_convolutions_through_o3_match_eager(cin, cout, k, s, p, size, batch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(cin, cout, k, s, p), nn.ReLU()).eval()
+    x = torch.randn(batch, cin, *size)
+    compiled = cuvil.compile(model)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    ops = [op for op in cuvil.parse(compiled.report.output_ir).main.ops if op.name == "cuvil.conv2d"]
+    assert [op.attrs["out_channels"] for op in ops] == [cout]      # the weight went into panels
