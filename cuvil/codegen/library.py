@@ -13,7 +13,7 @@ and window ops (pooling, direct convolution).
 
 Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
 unpadded ungrouped convolutions, an implicit GEMM on the panel microkernel for the NHWC ones whose
-weight the `layout` pass blocked in panels (one group, no dilation), a direct kernel when the
+weight the `layout` pass blocked in panels (not depthwise, no dilation), a direct kernel when the
 reduction per output element is small (depthwise, or in_channels/groups * kh * kw <= 16), im2col +
 GEMM otherwise.
 """
@@ -451,39 +451,44 @@ def conv2d_im2col(lw, op):
 
 
 def conv2d_implicit(lw, op):
-    """NHWC convolution, one group, no dilation, weight in panels (`pack_conv_panels`), as an
-    implicit GEMM. Per image and tile of output rows, the input rows the tile reads are copied once
-    into a zero-padded scratch (im2col copies each input element kh*kw times instead); the panel
-    GEMM then reads its A rows, one per output position, as windows of that copy: each kernel row
-    of a window is kw * C contiguous floats, a padded input row apart from the next."""
+    """NHWC convolution without dilation, weight in panels per group (`pack_conv_panels`), as an
+    implicit GEMM. Per image, group and tile of output rows, the input rows the tile reads (the
+    group's channels) are copied once into a zero-padded scratch (im2col copies each input element
+    kh*kw times instead); the panel GEMM then reads its A rows, one per output position, as windows
+    of that copy: each kernel row of a window is kw * C contiguous floats, a padded input row apart
+    from the next."""
     _require_f32(op)
-    (sh, sw), (ph, pw), _, _ = _conv_attrs(op)
+    (sh, sw), (ph, pw), _, groups = _conv_attrs(op)
     x, w = op.operands[:2]
     T = _raw_buffer(lw, op)
     _materialize(lw, op, T, 3)
-    N, H, W, C = x.type.shape
-    OC, _, KH, KW = _conv_weight_dims(op)
+    N = x.type.shape[0]
+    OC, C, KH, KW = _conv_weight_dims(op)
     _, OH, OW, _ = op.result.type.shape
+    width = w.type.shape[-1]
+    oc_g = OC // groups
+    panels_g = -(-oc_g // width)
     tile_rows = _tile_rows(OH, OW)
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
     in_rows, Wp = (tile_rows - 1) * sh + KH, norm_dim((sympy.sympify(OW) - 1) * sw + KW)
-    padded = lw.scratch(DType.f32, [norm_dim(N * tiles), norm_dim(in_rows * Wp * C)])
+    padded = lw.scratch(DType.f32, [norm_dim(N * groups * tiles), norm_dim(in_rows * Wp * C)])
     Wt = lw.inputs[id(w)]
 
     def body(q, n, g, first, count):
-        _copy_padded(lw, x, padded, q, n, first * sh - ph, (count - 1) * sh + KH, pw, Wp)
-        lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC), BufRef(padded, q * in_rows * Wp * C), BufRef(Wt, 0),
-                     count * OW, OC, KH * KW * C, sw * C, 0, OC, b_panels=w.type.shape[-1],
-                     a_rows=OW, a_rows_stride=sh * Wp * C, k_run=KW * C, k_run_stride=Wp * C))
-    _conv_tiles(lw, op, T, N, 1, OH, OW, body, tile_rows)
+        _copy_padded(lw, x, padded, q, n, g * C, C, first * sh - ph, (count - 1) * sh + KH, pw, Wp)
+        lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g), BufRef(padded, q * in_rows * Wp * C),
+                     BufRef(Wt, g * panels_g * KH * KW * C * width), count * OW, oc_g, KH * KW * C, sw * C, 0, OC,
+                     b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run=KW * C, k_run_stride=Wp * C))
+    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows)
 
 
-def _copy_padded(lw, x, padded, q, n, top_row, rows, pw, Wp):
-    """Tile q of the zero-padded copy (`padded[q]`, rows x Wp x C floats, flat) of the image rows
-    from `top_row` and the columns from -pw: zeros first (one flat loop, a memset), then the part
-    inside the image, a plain copy with no per-element masks: channels innermost, or image columns
-    when there are few channels (an RGB stem, whose NCHW input is read through a permute)."""
-    _, H, W, C = x.type.shape
+def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp):
+    """Tile q of the zero-padded copy (`padded[q]`, rows x Wp x C floats, flat) of channels
+    [c0, c0 + C) of the image rows from `top_row` and the columns from -pw: zeros first (one flat
+    loop, a memset), then the part inside the image, a plain copy with no per-element masks:
+    channels innermost, or image columns when there are few channels (an RGB stem, whose NCHW
+    input is read through a permute)."""
+    H, W = x.type.shape[1:3]
     lw.loop("t", norm_dim(rows * Wp * C), lambda t: lw.emit(Store(padded, [q, t], const(0.0, DType.f32))))
     above = sympy.Min(rows, sympy.Max(0, -top_row))
     below = sympy.Max(above, sympy.Min(rows, H - top_row))          # the first row under the image
@@ -493,7 +498,7 @@ def _copy_padded(lw, x, padded, q, n, top_row, rows, pw, Wp):
     def nest(level, at):
         if level == 3:
             r, j, c = at["r"], at["j"], at["c"]
-            lw.emit(Store(padded, [q, (r * Wp + j) * C + c], lw.value(x, [n, top_row + r, j - pw, c])))
+            lw.emit(Store(padded, [q, (r * Wp + j) * C + c], lw.value(x, [n, top_row + r, j - pw, c0 + c])))
             return
         name = ("rjc" if C >= NHWC_MIN_CHANNEL_RUN else "rcj")[level]
         lo, hi = spans[name]

@@ -7,9 +7,9 @@ stride. The pass works in three steps:
 1. convert: each NCHW conv2d and pooling op becomes its NHWC form between two conversions,
        permute(x, to NHWC) -> op {layout = "nhwc"} -> permute(result, to NCHW),
    and a convolution's weight is pre-packed at compile time (a new module constant): blocked in
-   GEMM panels, `[ceil(out / P), kh, kw, in, P]` (`stem.0.weight.panels`), for the implicit-GEMM
-   kernel when it has one group and no dilation (`pack-conv`), else as `[kh, kw, in/groups, out]`
-   (`.hwio`); a weight that is not a constant is permuted at run time;
+   GEMM panels, `[groups * ceil(out / groups / P), kh, kw, in/groups, P]` (`stem.0.weight.panels`),
+   for the implicit-GEMM kernel, unless it is depthwise or dilated (`pack-conv`); else as
+   `[kh, kw, in/groups, out]` (`.hwio`); a weight that is not a constant is permuted at run time;
 2. sink: a conversion to NCHW moves below the elementwise ops that read it, when their other
    operands are conversions too, already converted (a residual input that also feeds a converted
    conv), constants or broadcasts of lower rank (these are reshaped and permuted instead, which is
@@ -114,7 +114,7 @@ def _to_nhwc(rw: Rewriter, op: Operation, pack_conv: bool) -> str | None:
         if data is not None:
             hwio, packed = data.permute(*WEIGHT_TO_HWIO), "hwio"
             if pack_conv and _panel_packable(op, data):
-                hwio, packed = pack_conv_panels(hwio), "panels"
+                hwio, packed = pack_conv_panels(hwio, op.attrs["groups"]), "panels"
                 attrs["out_channels"] = data.shape[0]
             name = add_constant(rw.module, f"{producer(weight).attrs['name']}.{packed}", hwio)
             rest[0] = rw.create(op, "cuvil.const", attrs={"name": name},
@@ -129,9 +129,11 @@ def _to_nhwc(rw: Rewriter, op: Operation, pack_conv: bool) -> str | None:
 
 
 def _panel_packable(op: Operation, weight: torch.Tensor) -> bool:
-    """An fp32 convolution with one group and no dilation runs as an implicit GEMM on panels
-    (`codegen/library.py`); a depthwise or dilated one keeps its `[kh, kw, in/groups, out]` weight."""
-    return weight.dtype == torch.float32 and op.attrs["groups"] == 1 and list(op.attrs["dilation"]) == [1, 1]
+    """An fp32 convolution without dilation runs as an implicit GEMM on panels, one per group
+    (`codegen/library.py`); a depthwise one (one input channel per group: its direct kernel walks
+    the channels innermost) or a dilated one keeps its `[kh, kw, in/groups, out]` weight."""
+    depthwise = op.attrs["groups"] > 1 and weight.shape[1] == 1
+    return weight.dtype == torch.float32 and not depthwise and list(op.attrs["dilation"]) == [1, 1]
 
 
 def _is_conversion(v: Value) -> bool:

@@ -1,6 +1,6 @@
 """NHWC convolutions with weights blocked in GEMM panels (`pack_conv_panels`), run as an implicit
 GEMM on the panel microkernel (`library.conv2d_implicit`), against eager torch in NCHW: both panel
-widths with full and partial last panels, strides, paddings that are wider or narrower than the
+widths with full and partial last panels, grouped convolutions, strides, paddings that are wider or narrower than the
 window needs, non-square kernels, 1x1 convolutions with and without stride, a symbolic batch,
 symbolic image sizes, thread splits, the stem's permuted NCHW input, the layout pass choosing
 it end to end, and seeded random convolutions compiled through O3."""
@@ -42,6 +42,20 @@ def _graph(i, c, oc, k, s, p, image, batch="s0"):
 
 
 GRAPHS = {i: _graph(i, *cfg) for i, cfg in enumerate(CONVS)}
+# (in channels, out channels, groups, kernel, stride, padding, image): one panel or a partial one
+# per group, a 1x1 grouped convolution, and groups of 3 channels (read along the image rows)
+GROUPED = [(16, 32, 4, 3, 1, 1, (9, 11)), (12, 40, 2, 3, 2, 1, (10, 7)), (32, 64, 8, 1, 1, 0, (5, 6)),
+           (9, 18, 3, 5, 2, 2, (11, 11))]
+
+
+def _grouped_graph(i, c, oc, g, k, s, p, image):
+    weight = T(*pack_conv_panels(torch.zeros(k, k, c // g, oc), g).shape)
+    return Graph(f"grouped{i}", lambda b, x, w, bi: b("cuvil.conv2d", x, w, bi, stride=[s, s], padding=[p, p],
+                                                      groups=g, layout="nhwc", out_channels=oc),
+                 [T("s0", *image, c), weight, T(oc)])
+
+
+GRAPHS.update({f"grouped{i}": _grouped_graph(i, *cfg) for i, cfg in enumerate(GROUPED)})
 GRAPHS["sym"] = Graph("implicit_sym", lambda b, x, w, bi: b(
     "cuvil.conv2d", x, w, bi, stride=[2, 1], padding=[1, 1], layout="nhwc", out_channels=24),
     [T("s0", "s1", "s2", 8), T(*pack_conv_panels(torch.zeros(3, 3, 8, 24)).shape), T(24)])
@@ -68,6 +82,18 @@ def test_panel_packing_round_trips():
     assert torch.equal(packed[1, 2, 0, 5, 7], w[32 + 7, 5, 2, 0]) and not packed[1, ..., 8:].any()
     assert torch.equal(unpack_conv_panels(packed, 40), w)
     assert pack_conv_panels(rand(3, 3, 3, 16)).shape[-1] == 16
+
+
+@pytest.mark.parametrize("i", range(len(GROUPED)))
+def test_grouped_implicit_conv_matches_eager(compiled, i):
+    c, oc, g, k, s, p, (h, w_) = GROUPED[i]
+    w, bias = rand(oc, c // g, k, k, seed=1), rand(oc, seed=2)
+    packed = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO).contiguous(), g)
+    assert torch.equal(unpack_conv_panels(packed, oc, g), w)
+    for n, split in ((1, 1), (2, 3)):
+        x = rand(n, c, h, w_)
+        out = run(GRAPHS[f"grouped{i}"], compiled, x.permute(*TO_NHWC).contiguous(), packed, bias, split=split)
+        torch.testing.assert_close(out.permute(*TO_NCHW), F.conv2d(x, w, bias, s, p, 1, g), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("i", range(len(CONVS)))
@@ -119,10 +145,10 @@ def test_layout_pass_chooses_the_implicit_gemm_end_to_end():
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     (stats,) = [p["statistics"] for p in compiled.report.passes if p["name"] == "layout"]
-    assert stats["weights-packed"] == 4 and stats["conv-panels"] == 2    # dilated and grouped: HWIO
+    assert stats["weights-packed"] == 4 and stats["conv-panels"] == 3    # the dilated one: HWIO
     algorithms = [conv_algorithm(op) for op in cuvil.parse(compiled.report.output_ir).main.ops
                   if op.name == "cuvil.conv2d"]
-    assert algorithms == ["implicit", "implicit", "im2col", "im2col"]
+    assert algorithms == ["implicit", "implicit", "im2col", "implicit"]
     off = cuvil.compile(model, pipeline="verify,shape-infer,fold-constants,layout{pack-conv=false},"
                                         "canonicalize,fuse,plan-memory")
     with torch.no_grad():
@@ -141,8 +167,8 @@ def test_implicit_conv_for_other_targets(target, instruction):
 
 
 def _random_convs(count: int, seed: int = 7):
-    """Seeded random convolutions the implicit GEMM takes (one group, no dilation), each with an
-    output of at least one position."""
+    """Seeded random convolutions the implicit GEMM takes (no dilation, at least two input channels
+    per group), each with an output of at least one position."""
     g = torch.Generator().manual_seed(seed)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))   # noqa: E731
     out = []
@@ -150,14 +176,15 @@ def _random_convs(count: int, seed: int = 7):
         k, s, p = (pick(1, 5), pick(1, 5)), (pick(1, 3), pick(1, 3)), (pick(0, 2), pick(0, 2))
         size = (pick(1, 14), pick(1, 14))
         if all(size[i] + 2 * p[i] >= k[i] for i in range(2)):
-            out.append((pick(1, 20), pick(1, 70), k, s, p, size, pick(1, 3)))
+            groups = pick(1, 3)
+            out.append((groups * pick(2, 7), groups * pick(1, 24), groups, k, s, p, size, pick(1, 3)))
     return out
 
 
-@pytest.mark.parametrize("cin,cout,k,s,p,size,batch", _random_convs(12))
-def test_random_convolutions_through_o3_match_eager(cin, cout, k, s, p, size, batch):
+@pytest.mark.parametrize("cin,cout,groups,k,s,p,size,batch", _random_convs(12))
+def test_random_convolutions_through_o3_match_eager(cin, cout, groups, k, s, p, size, batch):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(cin, cout, k, s, p), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Conv2d(cin, cout, k, s, p, groups=groups), nn.ReLU()).eval()
     x = torch.randn(batch, cin, *size)
     compiled = cuvil.compile(model)
     with torch.no_grad():

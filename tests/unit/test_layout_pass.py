@@ -48,8 +48,8 @@ def test_every_conv_and_pool_runs_in_nhwc_with_two_conversions_left(converted):
     assert stats["converted"].get("conv2d") == convs
     assert sum(stats["converted"].values()) - convs == pools
     assert stats["weights-packed"] == convs
-    # every convolution with one group gets its weight blocked in GEMM panels (the depthwise one: HWIO)
-    assert stats["conv-panels"] == sum(isinstance(m, nn.Conv2d) and m.groups == 1 for m in layers)
+    # every convolution but a depthwise one gets its weight blocked in GEMM panels (depthwise: HWIO)
+    assert stats["conv-panels"] == sum(isinstance(m, nn.Conv2d) and m.in_channels != m.groups for m in layers)
     assert stats["conversions-left"] == 2
     images = [op for op in module.main.ops if op.name.endswith(("conv2d", "pool2d"))]
     assert images and all(op.attrs["layout"] == "nhwc" for op in images)

@@ -152,17 +152,22 @@ def unpack_panels(packed, out: int):
     return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:out]
 
 
-def pack_conv_panels(hwio):
-    """An NHWC convolution's `[kh, kw, in, out]` weight -> `[ceil(out / P), kh, kw, in, P]`: the
-    panels of its `[kh * kw * in, out]` GEMM operand (`pack_panels`)."""
-    kh, kw, cin, out = hwio.shape
-    return pack_panels(hwio.reshape(kh * kw * cin, out).t()).reshape(-1, kh, kw, cin, panel_width(out))
+def pack_conv_panels(hwio, groups: int = 1):
+    """An NHWC convolution's `[kh, kw, in/groups, out]` weight -> `[groups * ceil(out_g / P), kh, kw,
+    in/groups, P]` (out_g = out / groups): per group, in order, the panels of its
+    `[kh * kw * in/groups, out_g]` GEMM operand (`pack_panels`)."""
+    kh, kw, cin_g, out = hwio.shape
+    out_g = out // groups
+    width = panel_width(out_g)
+    return torch.cat([pack_panels(hwio[..., g * out_g:(g + 1) * out_g].reshape(kh * kw * cin_g, out_g).t())
+                      for g in range(groups)]).reshape(-1, kh, kw, cin_g, width)
 
 
-def unpack_conv_panels(packed, out: int):
+def unpack_conv_panels(packed, out: int, groups: int = 1):
     """The inverse of `pack_conv_panels`, as an OIHW weight."""
-    panels, kh, kw, cin, width = packed.shape
-    return unpack_panels(packed.reshape(panels, kh * kw * cin, width), out).reshape(out, kh, kw, cin) \
+    panels, kh, kw, cin_g, width = packed.shape
+    per_group = packed.reshape(groups, panels // groups, kh * kw * cin_g, width)
+    return torch.cat([unpack_panels(g, out // groups) for g in per_group]).reshape(out, kh, kw, cin_g) \
         .permute(0, 3, 1, 2)
 
 
@@ -227,9 +232,10 @@ def _in_nchw(attrs, fn, x, *rest):
 class Conv2dOp(OpDef):
     """2-d convolution. `layout = nchw`: x `[N, C, H, W]`, weight `[out, in/groups, kh, kw]`;
     `layout = nhwc` (chosen by the `layout` pass): x `[N, H, W, C]`, weight pre-packed as
-    `[kh, kw, in/groups, out]`, result `[N, OH, OW, out]`. An NHWC convolution with one group and
-    `out_channels` set has its weight blocked in GEMM panels, `[ceil(out / P), kh, kw, in, P]` with
-    P in PANEL_WIDTHS (`pack_conv_panels`)."""
+    `[kh, kw, in/groups, out]`, result `[N, OH, OW, out]`. An NHWC convolution with `out_channels`
+    set has its weight blocked in GEMM panels, per group `ceil(out / groups / P)` of them:
+    `[groups * ceil(out / groups / P), kh, kw, in/groups, P]` with P in PANEL_WIDTHS
+    (`pack_conv_panels`)."""
     name = "cuvil.conv2d"
     operands = ("x", "weight", "bias?")
     attrs = {"stride": optional("ints", [1, 1]), "padding": optional("ints", [0, 0]),
@@ -247,11 +253,11 @@ class Conv2dOp(OpDef):
         groups = attrs["groups"]
         out_ch = attrs["out_channels"]
         if out_ch is not None:
-            if not nhwc or groups != 1 or w.rank != 5 or w.shape[4] not in PANEL_WIDTHS \
-                    or out_ch < 1 or w.shape[0] != -(-out_ch // w.shape[4]):
-                raise ValueError(f"a convolution weight packed for out_channels = {out_ch} needs layout nhwc, "
-                                 f"groups 1 and shape [ceil(out / P), kh, kw, in, P] with P in {PANEL_WIDTHS}, "
-                                 f"got {w}, groups = {groups}, layout {attrs['layout']}")
+            if not nhwc or groups < 1 or out_ch < groups or out_ch % groups or w.rank != 5 \
+                    or w.shape[4] not in PANEL_WIDTHS or w.shape[0] != groups * -(-(out_ch // groups) // w.shape[4]):
+                raise ValueError(f"a convolution weight packed for out_channels = {out_ch} needs layout nhwc and "
+                                 f"shape [groups * ceil(out / groups / P), kh, kw, in / groups, P] with P in "
+                                 f"{PANEL_WIDTHS}, got {w}, groups = {groups}, layout {attrs['layout']}")
             kh, kw, in_per_group = w.shape[1:4]
         elif nhwc:
             _require_rank(w, (4,), "weight")
@@ -275,7 +281,7 @@ class Conv2dOp(OpDef):
     @staticmethod
     def evaluate(attrs, x, weight, bias=None):
         if attrs["out_channels"] is not None:
-            weight = unpack_conv_panels(weight, attrs["out_channels"])
+            weight = unpack_conv_panels(weight, attrs["out_channels"], attrs["groups"])
         elif attrs["layout"] == "nhwc":
             weight = weight.permute(*WEIGHT_TO_OIHW)
         return _in_nchw(attrs, lambda t: F.conv2d(t, weight, bias, attrs["stride"], attrs["padding"],
