@@ -56,3 +56,4 @@ bench: venv
 	$(PY) -m benchmarks.run
 	$(PY) -m benchmarks.gemm_efficiency
 	$(PY) -m benchmarks.explorer_cell
+	$(PY) -m benchmarks.compile_time

@@ -4,6 +4,7 @@
     result = cuvil.import_model(model, (x,), dynamic={"x": {0: "batch"}})   # graph IR
     report = cuvil.explain(model, x)                                         # every pass, before/after
     fast = cuvil.compile(model, dynamic={"x": {0: "batch"}})                 # native code, GIL released
+    fast.save("model.cuvil"); cuvil.load("model.cuvil")                      # no recompiling
 """
 __version__ = "0.1.0"
 
@@ -15,10 +16,11 @@ from .passes import ModulePass, PassManager, Pipeline, register_pass, register_p
 from .report import CompileReport
 from .explain import explain
 from .compiled import CompiledModel, compile
+from .saved import SavedModel, load
 
 __all__ = [
     "CuvilError", "CuvilParseError", "CuvilPassError", "CuvilPipelineError", "CuvilUnsupportedOpError",
     "CuvilVerifyError", "Module", "custom_op", "interpret", "parse", "print_module", "verify", "import_model",
     "ModulePass", "PassManager", "Pipeline", "register_pass", "register_pipeline", "CompileReport", "explain",
-    "compile", "CompiledModel",
+    "compile", "CompiledModel", "load", "SavedModel",
 ]

@@ -38,9 +38,9 @@ from torch import nn
 
 from .codegen.grouping import grouping_for
 from .codegen.target import CROSS_TARGETS, Target
-from .compiler import Compilation, compile_module, pipeline_for, symbol_sizes
+from .compiler import Compilation, compile_module, paused_gc, pipeline_for, symbol_sizes
 from .errors import CuvilError
-from .frontend import ImportResult, import_model
+from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .frontend.export import CuvilExportError, input_names
 from .passes import Pipeline
@@ -114,6 +114,9 @@ def compile(target: Callable | None = None, /, **options) -> "CompiledModel | Ca
 # ----------------------------------------------------------------------------- guards
 
 
+SAVABLE_CONSTANTS = (int, float, bool, str, type(None))
+
+
 @dataclass(frozen=True)
 class _TensorCheck:
     dtype: torch.dtype
@@ -127,16 +130,27 @@ class Guard:
     """What one compiled variant accepts. `match` is the per-call fast path (symbol values or None);
     `mismatches` explains a refusal in words (the slow path, only when a call is refused)."""
 
-    def __init__(self, imported: ImportResult, example_leaves: list):
+    def __init__(self, in_spec: pytree.TreeSpec, symbols: dict[str, tuple[int, int]], hints: dict[str, str | None],
+                 names: list[str], tensor_positions: list[int], checks: list[_TensorCheck], constants: dict[int, Any],
+                 imported: ImportResult | None = None):
+        self.in_spec, self.imported = in_spec, imported
+        self.symbols = list(symbols)
+        self.ranges = [tuple(symbols[s]) for s in self.symbols]
+        self.hints, self.names, self.tensor_positions = hints, names, tensor_positions
+        self.checks, self.constants = checks, constants
+        self.static_shapes = None if self.symbols else [
+            (c.dtype, torch.Size([n for _, n in c.static])) for c in checks]
+        # the common case, a flat tuple of tensors: no pytree walk per call
+        n = in_spec.num_leaves
+        self.positional = n if (not constants and tensor_positions == list(range(n))
+                                and in_spec == pytree.tree_structure((tuple(range(n)), {}))) else None
+
+    @staticmethod
+    def of(imported: ImportResult, example_leaves: list) -> "Guard":
+        """The guard of a compilation: what the imported function's arguments declare, and the
+        example call's non-tensor arguments as constants."""
         fn = imported.function
-        self.imported = imported
-        self.in_spec = imported.exported.call_spec.in_spec
-        self.symbols = list(fn.symbols)
-        self.ranges = [fn.symbols[s] for s in self.symbols]
-        self.hints = {s: (imported.symbols[s].hint if s in imported.symbols else None) for s in self.symbols}
-        index = {s: i for i, s in enumerate(self.symbols)}
-        self.names = [a.name or f"input {i}" for i, a in enumerate(fn.args)]
-        self.tensor_positions = imported.tensor_positions
+        index = {s: i for i, s in enumerate(fn.symbols)}
         checks = []
         for a in fn.args:
             static, bind, derived = [], [], []
@@ -148,15 +162,33 @@ class Guard:
                 else:
                     derived.append((axis, to_postfix(d, index)))
             checks.append(_TensorCheck(a.type.dtype.torch, a.type.rank, tuple(static), tuple(bind), tuple(derived)))
-        self.checks = checks
-        self.static_shapes = None if self.symbols else [
-            (c.dtype, torch.Size([n for _, n in c.static])) for c in checks]
-        tensors = set(self.tensor_positions)
-        self.constants = {i: v for i, v in enumerate(example_leaves) if i not in tensors}
-        # the common case, a flat tuple of tensors: no pytree walk per call
-        n = len(example_leaves)
-        self.positional = n if (not self.constants and self.tensor_positions == list(range(n))
-                                and self.in_spec == pytree.tree_structure((tuple(range(n)), {}))) else None
+        tensors = set(imported.tensor_positions)
+        return Guard(imported.exported.call_spec.in_spec, dict(fn.symbols),
+                     {s: (imported.symbols[s].hint if s in imported.symbols else None) for s in fn.symbols},
+                     [a.name or f"input {i}" for i, a in enumerate(fn.args)], list(imported.tensor_positions),
+                     checks, {i: v for i, v in enumerate(example_leaves) if i not in tensors}, imported)
+
+    def state(self) -> dict:
+        """The guard as JSON-able data (`Guard.from_state` rebuilds it), for saved models."""
+        for i, v in self.constants.items():
+            if type(v) not in SAVABLE_CONSTANTS:
+                raise CuvilError(f"non-tensor argument {i} is a {type(v).__name__}: a saved model keeps non-tensor "
+                                 f"arguments of the types {', '.join(t.__name__ for t in SAVABLE_CONSTANTS)} only")
+        return {"in_spec": pytree.treespec_dumps(self.in_spec), "symbols": {s: list(r) for s, r in
+                zip(self.symbols, self.ranges)}, "hints": self.hints, "names": self.names,
+                "tensor_positions": self.tensor_positions,
+                "checks": [[str(c.dtype).removeprefix("torch."), c.rank, c.static, c.bind, c.derived]
+                           for c in self.checks],
+                "constants": [[i, v] for i, v in self.constants.items()]}
+
+    @staticmethod
+    def from_state(state: dict) -> "Guard":
+        checks = [_TensorCheck(getattr(torch, dtype), rank, tuple(map(tuple, static)), tuple(map(tuple, bind)),
+                               tuple((axis, e) for axis, e in derived))
+                  for dtype, rank, static, bind, derived in state["checks"]]
+        return Guard(pytree.treespec_loads(state["in_spec"]), {s: tuple(r) for s, r in state["symbols"].items()},
+                     state["hints"], state["names"], state["tensor_positions"], checks,
+                     {i: v for i, v in state["constants"]})
 
     def leaves(self, args: tuple, kwargs: dict) -> list | None:
         try:
@@ -280,6 +312,27 @@ def _allocator(dtype: torch.dtype) -> Callable[[tuple], torch.Tensor]:
     return lambda shape: torch.from_numpy(np.empty(shape, np_dtype))
 
 
+class NativeCall:
+    """One engine called with torch tensors: allocates the outputs at the call's sizes, runs the
+    engine (which releases the GIL) and rebuilds the model's output structure."""
+
+    def __init__(self, engine, outputs: list[tuple[list, torch.dtype]], out_spec: pytree.TreeSpec, symbolic: bool):
+        self.engine, self.out_spec = engine, out_spec
+        self._outputs = [(shape, _allocator(dtype)) for shape, dtype in outputs]
+        self._static = None if symbolic else [(tuple(evaluate(d, []) for d in shape), alloc)
+                                              for shape, alloc in self._outputs]
+
+    def __call__(self, tensors, symbols: list[int]):
+        inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
+        if self._static is not None:
+            outputs = [alloc(shape) for shape, alloc in self._static]
+        else:
+            outputs = [alloc(tuple(evaluate(d, symbols) for d in shape)) for shape, alloc in self._outputs]
+        self.engine.run([(x.data_ptr(), x.nbytes) for x in inputs], [(y.data_ptr(), y.nbytes) for y in outputs],
+                        symbols, False)
+        return unflatten_outputs(self.out_spec, outputs)
+
+
 class Variant:
     """One compilation: the import, the native program, the guard and the report."""
 
@@ -288,27 +341,18 @@ class Variant:
         self.native = compilation.native
         program = self.native.program
         index = {s: i for i, s in enumerate(program.symbols)}
-        self._outputs = [([to_postfix(d, index) for d in t.shape], t.dtype.torch) for t in program.outputs]
-        self._allocators = [_allocator(dtype) for _, dtype in self._outputs]
-        self._static_outputs = None if program.symbols else [
-            (tuple(evaluate(d, []) for d in shape), alloc) for (shape, _), alloc in zip(self._outputs, self._allocators)]
-        self._engine = self.native.executable.engine if self.native.executable is not None else None
+        self.outputs = [([to_postfix(d, index) for d in t.shape], t.dtype.torch) for t in program.outputs]
+        executable = self.native.executable
+        self._call = None if executable is None else NativeCall(executable.engine, self.outputs,
+                                                                imported.output_structure, bool(program.symbols))
         self._detailed = False
 
     def run(self, tensors, symbols: list[int]):
-        if self._engine is None:
+        if self._call is None:
             target = self.native.kernels.target
             raise CuvilError(f"compiled for {target} (target='{target.arch}'): the code is in compiled.report, but "
                              f"it cannot run on this machine; compile with target='host' to run it")
-        inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
-        if self._static_outputs is not None:
-            outputs = [alloc(shape) for shape, alloc in self._static_outputs]
-        else:
-            outputs = [alloc(tuple(evaluate(d, symbols) for d in shape))
-                       for (shape, _), alloc in zip(self._outputs, self._allocators)]
-        self._engine.run([(x.data_ptr(), x.nbytes) for x in inputs], [(y.data_ptr(), y.nbytes) for y in outputs],
-                         symbols, False)
-        return self.imported.unflatten(outputs)
+        return self._call(tensors, symbols)
 
     @property
     def report(self) -> CompileReport:
@@ -369,6 +413,19 @@ class CompiledModel:
         except TypeError as e:
             raise CuvilError(f"the call does not match {self._name()}'s signature: {e}") from None
         return bound.args, bound.kwargs
+
+    def save(self, path) -> None:
+        """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,
+        object code, packed weights and guards. Loading needs neither the model nor torch.export."""
+        runnable = [v for v in self._variants if v.native.kernels.object_code]
+        if not runnable:
+            raise CuvilError(f"{self._name()}: nothing compiled to save yet; call the model (or compile_for) first")
+        try:
+            signature = inspect.signature(self._forward())
+        except (TypeError, ValueError):
+            signature = None
+        from .saved import save
+        save(path, runnable, signature)
 
     def compile_for(self, *args, **kwargs) -> None:
         """Compile for a call like this one now, without running it (the first call would)."""
@@ -526,6 +583,7 @@ class CompiledModel:
             parts = [f"compiled static (torch.export could not keep the dims dynamic: {note['static']})"]
         return ", ".join(parts)
 
+    @paused_gc()
     def _compile(self, args: tuple, kwargs: dict) -> Variant:
         phases: list[dict] = []
         self._report = None
@@ -548,7 +606,7 @@ class CompiledModel:
         self._report = compilation.report
         if compilation.error is not None:
             raise compilation.error
-        return Variant(imported, compilation, Guard(imported, leaves), sizes)
+        return Variant(imported, compilation, Guard.of(imported, leaves), sizes)
 
     def _hints(self, example) -> dict[str, dict[int, str]]:
         """Dynamic dims by parameter name: the user's (or the annotations'), plus automatic ones."""

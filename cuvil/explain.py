@@ -9,7 +9,7 @@ import torch
 
 from .codegen.grouping import grouping_for
 from .codegen.target import Target
-from .compiler import compile_module, pipeline_for, symbol_sizes
+from .compiler import compile_module, paused_gc, pipeline_for, symbol_sizes
 from .frontend import ImportResult, import_model
 from .ir import Module, parse
 from .passes import Instrument
@@ -18,6 +18,7 @@ from .report import CompileReport
 DEFAULT_PIPELINE = "O3"
 
 
+@paused_gc()
 def explain(fn_or_module: Any, *example_inputs: torch.Tensor, pipeline: str = DEFAULT_PIPELINE,
             dynamic=None, ranges=None, name: str | None = None, instruments: Sequence[Instrument] = (),
             native: bool = True, enable_fusion: Any = True, disable_passes: Sequence[str] = (),

@@ -219,13 +219,35 @@ def _lljit():
     return _jit
 
 
-def _link_symbols(obj_ir: str) -> dict[str, int]:
-    libc = ctypes.CDLL(None)
-    out = {name: ctypes.cast(getattr(libc, name), ctypes.c_void_p).value for name in LIBC_SYMBOLS}
-    if GEMM_SYMBOL in obj_ir:
+def library_symbols(obj_ir: str) -> list[str]:
+    """The outside symbols the kernels of an (optimised) LLVM module call: libc's, and BLAS's GEMM if used."""
+    return [*LIBC_SYMBOLS, *([GEMM_SYMBOL] if GEMM_SYMBOL in obj_ir else [])]
+
+
+def _symbol_address(name: str) -> int:
+    if name == GEMM_SYMBOL:
         from ..runtime import blas
-        out[GEMM_SYMBOL] = blas.address(GEMM_SYMBOL)
-    return out
+        return blas.address(GEMM_SYMBOL)
+    if name not in LIBC_SYMBOLS:
+        raise CuvilError(f"the kernels import '{name}', which Cuvil does not provide")
+    return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
+
+
+def link_object(object_code: bytes, exports, imports) -> tuple[object, dict[str, int]]:
+    """Link a host object into the process's JIT: (the tracker that keeps its code alive,
+    {exported symbol: address}). `imports` names the library symbols it calls."""
+    exports = sorted(set(exports))
+    with _llvm_lock:
+        builder = llvm.JITLibraryBuilder().add_object_img(object_code)
+        for name in imports:
+            builder.import_symbol(name, _symbol_address(name))
+        for sym in exports:
+            builder.export_symbol(sym)
+        try:
+            tracker = builder.link(_lljit(), f"cuvil_lib_{next(_library_ids)}")
+        except RuntimeError as e:
+            raise CuvilError(f"the JIT could not link the compiled kernels: {e}") from None
+        return tracker, {sym: tracker[sym] for sym in exports}
 
 
 DISK_CACHE = "disk"
@@ -301,16 +323,6 @@ def _compile_object(kernels, symbols, lines, target: Target, opt_level: int, tim
 
 
 def _load(result: CompiledKernels) -> None:
-    builder = llvm.JITLibraryBuilder().add_object_img(result.object_code)
-    for name, addr in _link_symbols(result.llvm_ir_text).items():
-        builder.import_symbol(name, addr)
-    unique = sorted(set(result.symbols.values()))
-    for sym in unique:
-        builder.export_symbol(sym)
-    try:
-        tracker = builder.link(_lljit(), f"cuvil_lib_{next(_library_ids)}")
-    except RuntimeError as e:
-        raise CuvilError(f"the JIT could not link the compiled kernels: {e}") from None
-    addr = {sym: tracker[sym] for sym in unique}
-    result._tracker = tracker
+    result._tracker, addr = link_object(result.object_code, result.symbols.values(),
+                                        library_symbols(result.llvm_ir_text))
     result.addresses = {name: addr[sym] for name, sym in result.symbols.items()}

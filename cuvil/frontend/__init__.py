@@ -23,7 +23,7 @@ from .export import DEFAULT_RANGE, CuvilExportError, capture
 from .importer import import_graph
 from .symbols import SymbolInfo
 
-__all__ = ["import_model", "ImportResult", "CuvilExportError", "DEFAULT_RANGE", "ATEN_TABLE"]
+__all__ = ["import_model", "ImportResult", "unflatten_outputs", "CuvilExportError", "DEFAULT_RANGE", "ATEN_TABLE"]
 
 
 @dataclass
@@ -57,12 +57,16 @@ class ImportResult:
 
     def unflatten(self, outputs: list[torch.Tensor]) -> Any:
         """Rebuild the model's output (tensor, tuple, dict, ModelOutput...) from the IR's flat results."""
-        spec = self.output_structure
-        if spec.is_leaf():          # the common cases without a pytree walk (microseconds per call)
-            return outputs[0]
-        if spec.type is tuple and all(c.is_leaf() for c in spec.children()):
-            return tuple(outputs)
-        return pytree.tree_unflatten(list(outputs), spec)
+        return unflatten_outputs(self.output_structure, outputs)
+
+
+def unflatten_outputs(spec: pytree.TreeSpec, outputs: list[torch.Tensor]) -> Any:
+    """The output structure `spec` rebuilt around the flat results."""
+    if spec.is_leaf():          # the common cases without a pytree walk (microseconds per call)
+        return outputs[0]
+    if spec.type is tuple and all(c.is_leaf() for c in spec.children()):
+        return tuple(outputs)
+    return pytree.tree_unflatten(list(outputs), spec)
 
 
 def import_model(model_or_fn, example_inputs=None, dynamic=None, name: str = "forward",

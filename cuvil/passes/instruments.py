@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Sequence, TextIO
+from typing import Sequence, TextIO
 
 import torch
 
@@ -57,13 +57,21 @@ class WallTime(Instrument):
 
 
 class ChangeDetector(Instrument):
-    """Fills `record.changed` by comparing structural fingerprints before and after the pass."""
+    """Fills `record.changed` by comparing structural fingerprints before and after the pass.
+    Instruments only observe, so the fingerprint after one pass is the one before the next."""
+
+    def __init__(self):
+        self._last: tuple | None = None
 
     def before(self, p, module):
-        self._before = fingerprint(module)
+        self._before = self._last if self._last is not None else fingerprint(module)
 
     def after(self, p, module, record):
-        record.changed = fingerprint(module) != self._before
+        self._last = fingerprint(module)
+        record.changed = self._last != self._before
+
+    def after_failed(self, p, module, error):
+        self._last = None
 
 
 # ----------------------------------------------------------------------------- optional
@@ -74,23 +82,25 @@ def _print(module: Module) -> str:
 
 
 class IRSnapshot(Instrument):
-    """Stores the IR text before and after every pass that runs in its record."""
+    """Stores the IR text before and after every pass that runs in its record. The module is printed
+    once at the start and again only after a pass that changed it (ChangeDetector, innermost, has
+    set `record.changed` by the time `after` runs here)."""
 
-    def __init__(self):
-        self._cache: tuple[Any, str] | None = None
-
-    def _text(self, module: Module) -> str:
-        fp = fingerprint(module)
-        if self._cache is None or self._cache[0] != fp:
-            self._cache = (fp, _print(module))
-        return self._cache[1]
+    def run_start(self, module, pipeline):
+        self._text: str | None = None
 
     def before(self, p, module):
-        self._before = self._text(module)
+        if self._text is None:
+            self._text = _print(module)
+        self._before = self._text
 
     def after(self, p, module, record):
-        record.ir_before = self._before
-        record.ir_after = self._text(module)
+        if record.changed:
+            self._text = _print(module)
+        record.ir_before, record.ir_after = self._before, self._text
+
+    def after_failed(self, p, module, error):
+        self._text = None
 
 
 class PrintIR(Instrument):

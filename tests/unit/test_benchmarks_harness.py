@@ -175,3 +175,11 @@ def test_command_line_run_in_worker_processes(tmp_path, capsys):
     assert cell["status"] == "ok" and cell["speedup"] == 1.0
     assert results["engines"]["eager"]["1"]["torch_threads"] == 1     # the worker's own thread setting
     assert results["serving"] is None and "Not run" in (tmp_path / "quick.md").read_text()
+
+
+def test_compile_time_measures_a_saved_model_that_computes_the_same(tmp_path, monkeypatch):
+    from benchmarks.compile_time import measure
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    row = measure("eltwise_4k")
+    assert row["same_outputs"] is True          # the loaded model's outputs equal the compiled model's, bit for bit
+    assert row["saved_bytes"] > 0 and row["cold_s"] > 0 and row["load_s"] > 0

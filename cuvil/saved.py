@@ -1,0 +1,192 @@
+"""Saved models: `compiled.save(path)` writes what running needs, `cuvil.load(path)` runs it.
+
+    fast = cuvil.compile(model); fast(x)     # torch.export, the passes, LLVM
+    fast.save("model.cuvil")
+    model = cuvil.load("model.cuvil")        # no export, no passes, no LLVM: links the saved code
+    y = model(x)
+
+The file is torch.save's zip format, read with `torch.load(mmap=True, weights_only=True)`: the
+weights are mapped rather than read, and nothing in the file is unpickled as code. It holds, per
+compiled variant of the model:
+- the engine's program as plain data (`Program.describe`): slots, steps, dependencies, splits and
+  the arena size, every size a postfix expression over the dynamic dims;
+- the object code of its kernels, the symbol each kernel is exported as, and the library symbols
+  the code calls (libc, BLAS), linked again at load;
+- the constant tensors as the passes left them (BatchNorm folded, weights packed in panels);
+- the guard (input structure, dtypes, static dims, ranges of the dynamic ones) and the output
+  structure.
+
+The machine code is what was compiled for the target: loading checks the architecture and that
+this CPU has every feature the code was compiled with. A model compiled for a cross target
+(`target="aarch64"`) saves the same way and loads on a machine of that architecture.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import __version__, _native
+from .codegen.jit import link_object, library_symbols
+from .codegen.target import Target
+from .compiled import Guard, NativeCall
+from .compiler import shared_entries
+from .errors import CuvilError
+from .runtime import Kernel, load_module, set_num_threads
+
+FORMAT = "cuvil-saved-model"
+FORMAT_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- saving
+
+def save(path: str | os.PathLike, variants, signature: inspect.Signature | None) -> None:
+    """Write `variants` (a CompiledModel's compiled variants) to `path`."""
+    constants: list[torch.Tensor] = []
+    objects: list[torch.Tensor] = []
+    states = [_variant_state(v, constants, objects) for v in variants]
+    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "cuvil": __version__,
+                "signature": None if signature is None else
+                [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
+                 for p in signature.parameters.values()],
+                "variants": states}
+    torch.save({"manifest": json.dumps(manifest), "constants": constants, "objects": objects}, os.fspath(path))
+
+
+def _variant_state(v, constants: list[torch.Tensor], objects: list[torch.Tensor]) -> dict:
+    native = v.native
+    kernels, program = native.kernels, native.program
+    entry = shared_entries(kernels)           # kernel name -> the name its shared code is registered as
+    registered = {name: name for name in entry.values()}
+    description = program.describe(registered)
+    for slot in description["slots"]:
+        if slot["kind"] == "const":
+            slot["data"] = _constant_index(slot["data"], constants)
+    objects.append(torch.frombuffer(bytearray(kernels.object_code), dtype=torch.uint8))
+    target = kernels.target
+    return {
+        "guard": v.guard.state(),
+        "out_spec": pytree.treespec_dumps(v.imported.output_structure),
+        "outputs": [[shape, str(dtype).removeprefix("torch.")] for shape, dtype in v.outputs],
+        "symbolic": bool(program.symbols),
+        "program": description,
+        "kernels": [[name, kernels.symbols[name], len(kernels.kernels[name].buffers),
+                     len(kernels.kernels[name].dim_exprs), kernels.kernels[name].parallel_loop is not None]
+                    for name in registered],
+        "object": len(objects) - 1,
+        "imports": library_symbols(kernels.llvm_ir_text),
+        "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features,
+                   "abiname": target.abiname},
+    }
+
+
+def _constant_index(t: torch.Tensor, constants: list[torch.Tensor]) -> int:
+    for i, c in enumerate(constants):        # a weight two steps read is saved once
+        if c is t:
+            return i
+    whole = t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
+    constants.append(t if whole else t.contiguous().clone())    # torch.save writes whole storages
+    return len(constants) - 1
+
+
+# ----------------------------------------------------------------------------- loading
+
+class SavedModel:
+    """A model loaded with `cuvil.load`: call it like the original. A call that no saved variant
+    accepts raises, saying why (a saved model cannot recompile: it has no model to compile)."""
+
+    def __init__(self, path: str, variants: list["_SavedVariant"], signature: inspect.Signature | None):
+        self.path, self.variants, self._signature = path, variants, signature
+
+    def __call__(self, *args, **kwargs):
+        if kwargs and self._signature is not None:
+            try:
+                bound = self._signature.bind(*args, **kwargs)
+            except TypeError as e:
+                raise CuvilError(f"the call does not match the saved model's signature: {e}") from None
+            args, kwargs = bound.args, bound.kwargs
+        for v in self.variants:
+            hit = v.guard.match(args, kwargs)
+            if hit is not None:
+                return v.call(*hit)
+        reasons = "; ".join(m.text for v in self.variants for m in v.guard.mismatches(args, kwargs))
+        raise CuvilError(f"{self.path}: no saved variant accepts this call: {reasons}")
+
+    def __repr__(self) -> str:
+        return f"SavedModel({self.path!r}, {len(self.variants)} variant(s))"
+
+
+class _SavedVariant:
+    def __init__(self, guard: Guard, call: NativeCall, tracker):
+        self.guard, self.call = guard, call
+        self._tracker = tracker       # keeps the linked code alive (the JIT module holds it too)
+
+
+def load(path: str | os.PathLike, threads: int | None = None) -> SavedModel:
+    """Load a model saved with `CompiledModel.save`; `threads` sets the engine's pool like
+    `cuvil.compile(threads=...)`."""
+    path = os.fspath(path)
+    try:
+        data = torch.load(path, mmap=True, weights_only=True)
+        manifest = json.loads(data["manifest"])
+    except FileNotFoundError:
+        raise CuvilError(f"{path}: no such file") from None
+    except Exception as e:
+        raise CuvilError(f"{path}: not a saved Cuvil model ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if manifest.get("format") != FORMAT:
+        raise CuvilError(f"{path}: not a saved Cuvil model")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CuvilError(f"{path}: saved in format version {manifest.get('version')} (by Cuvil "
+                         f"{manifest.get('cuvil')}); this Cuvil ({__version__}) reads version {FORMAT_VERSION}")
+    if threads is not None:
+        set_num_threads(threads)
+    variants = [_load_variant(path, state, data) for state in manifest["variants"]]
+    return SavedModel(path, variants, _signature(manifest["signature"]))
+
+
+def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:
+    _check_target(path, Target(**state["target"]))
+    obj = data["objects"][state["object"]]
+    tracker, addresses = link_object(obj.numpy().tobytes(), [sym for _, sym, *_ in state["kernels"]],
+                                     state["imports"])
+    module = load_module(tracker, [Kernel(name, addresses[sym], n_slots, n_dims, splittable)
+                                   for name, sym, n_slots, n_dims, splittable in state["kernels"]])
+    address_of = {name: addresses[sym] for name, sym, *_ in state["kernels"]}
+    description = dict(state["program"])
+    description["steps"] = [{**step, "kernel": address_of[step["kernel"]]} for step in description["steps"]]
+    description["slots"] = [{**slot, "data": data["constants"][slot["data"]]} if slot["kind"] == "const" else slot
+                            for slot in description["slots"]]
+    try:
+        engine = _native.Engine(module, description)
+    except _native.ProgramError as e:
+        raise CuvilError(f"{path}: the saved program is invalid: {e}") from None
+    try:
+        out_spec = pytree.treespec_loads(state["out_spec"])
+    except Exception as e:
+        raise CuvilError(f"{path}: cannot rebuild the model's output structure ({e}); import the module that "
+                         f"defines the output type before loading") from None
+    outputs = [(shape, getattr(torch, dtype)) for shape, dtype in state["outputs"]]
+    return _SavedVariant(Guard.from_state(state["guard"]), NativeCall(engine, outputs, out_spec, state["symbolic"]),
+                         tracker)
+
+
+def _check_target(path: str, saved: Target) -> None:
+    host = Target.host()
+    if saved.arch != host.arch:
+        raise CuvilError(f"{path}: compiled for {saved.triple} ({saved.cpu}); this machine is {host.triple}")
+    have = set(host.features.split(","))
+    missing = [f[1:] for f in saved.features.split(",") if f.startswith("+") and f not in have]
+    if missing:
+        raise CuvilError(f"{path}: compiled for a {saved.cpu} CPU with {', '.join(missing)}, which this CPU "
+                         f"({host.cpu}) lacks; compile the model again on this machine")
+
+
+def _signature(params: list | None) -> inspect.Signature | None:
+    if params is None:
+        return None
+    return inspect.Signature([inspect.Parameter(name, inspect._ParameterKind(kind),
+                                                default=None if has_default else inspect.Parameter.empty)
+                              for name, kind, has_default in params])
