@@ -490,9 +490,9 @@ def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp):
     input is read through a permute)."""
     H, W = x.type.shape[1:3]
     lw.loop("t", norm_dim(rows * Wp * C), lambda t: lw.emit(Store(padded, [q, t], const(0.0, DType.f32))))
-    above = sympy.Min(rows, sympy.Max(0, -top_row))
-    below = sympy.Max(above, sympy.Min(rows, H - top_row))          # the first row under the image
-    inside = sympy.Min(W, Wp - pw)                                   # columns copied per row
+    above = _min(rows, _max(0, -top_row))
+    below = _max(above, _min(rows, H - top_row))                     # the first row under the image
+    inside = _min(W, Wp - pw)                                        # columns copied per row
     spans = {"r": (above, below), "j": (pw, pw + inside), "c": (0, C)}
 
     def nest(level, at):
@@ -502,9 +502,19 @@ def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp):
             return
         name = ("rjc" if C >= NHWC_MIN_CHANNEL_RUN else "rcj")[level]
         lo, hi = spans[name]
-        lw.loop(name, norm_dim(sympy.Max(0, sympy.sympify(hi) - lo)), lambda v: nest(level + 1, {**at, name: v}),
+        lw.loop(name, norm_dim(_max(0, sympy.sympify(hi) - lo)), lambda v: nest(level + 1, {**at, name: v}),
                 start=lo)
     nest(0, {})
+
+
+def _min(*args):
+    """sympy.Min, left unevaluated when an argument is symbolic: evaluating it asks sympy's
+    assumptions system about every pair of arguments, ~0.1 s per convolution tile nest."""
+    return sympy.Min(*args, evaluate=all(sympy.sympify(a).is_number for a in args))
+
+
+def _max(*args):
+    return sympy.Max(*args, evaluate=all(sympy.sympify(a).is_number for a in args))
 
 
 def _loops(lw, names, extents, body):
@@ -533,7 +543,7 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None):
     def tile(q):
         n, g, t = _decompose(lw, q, [N, groups, tiles])
         first = tile_rows * t
-        count = sympy.Min(tile_rows, OH - first) if tiles != 1 else OH
+        count = _min(tile_rows, OH - first) if tiles != 1 else OH
         body(q, n, g, first, count)
         channels, rows, cols = (g * oc_g, oc_g), (first, count), (0, OW)
         _epilogue(lw, [(n, 1), rows, cols, channels] if op.attrs["layout"] == "nhwc" else
