@@ -359,6 +359,7 @@ class BufRef:
 
 GEMM_INTS = ("m", "n", "k", "lda", "ldb", "ldc")
 GEMM_WINDOW = ("a_rows", "a_rows_stride", "k_run", "k_run_stride")
+GEMM_EPILOGUE = ("bias", "relu")
 
 
 @dataclass
@@ -369,7 +370,9 @@ class Gemm(Stmt):
     that many columns (`panel_gemm.py`; `b` points at the first panel the call uses, `ldb` is
     unused) and the call is C = A @ B. Such a call may read A through a window, all four of
     GEMM_WINDOW given: A[r][kk] = a[(r / a_rows) * a_rows_stride + (r % a_rows) * lda +
-    (kk / k_run) * k_run_stride + kk % k_run] (a convolution as an implicit GEMM)."""
+    (kk / k_run) * k_run_stride + kk % k_run] (a convolution as an implicit GEMM). It may also
+    finish C in registers before storing it (GEMM_EPILOGUE): add `bias`, a vector of n floats
+    (C[i, j] += bias[j]), then `relu` (C = maximum(C, 0), NaN kept), in that order."""
     c: BufRef
     a: BufRef
     b: BufRef
@@ -388,6 +391,8 @@ class Gemm(Stmt):
     a_rows_stride: Dim | None = None
     k_run: Dim | None = None
     k_run_stride: Dim | None = None
+    bias: BufRef | None = None
+    relu: bool = False
 
     def __post_init__(self):
         if self.b_panels not in (0, *PANEL_WIDTHS):
@@ -399,11 +404,18 @@ class Gemm(Stmt):
             raise ValueError(f"a windowed A needs all of {', '.join(GEMM_WINDOW)} and b_panels")
         for name in GEMM_INTS + (GEMM_WINDOW if all(window) else ()):
             setattr(self, name, as_index(getattr(self, name)))
-        for name in ("a", "b", "c"):
+        if (self.bias is not None or self.relu) and not self.b_panels:
+            raise ValueError(f"only a gemm with b_panels applies {' and '.join(GEMM_EPILOGUE)} in registers")
+        for name in self.operand_names:
             ref = getattr(self, name)
             if ref.buf.dtype != DType.f32:
                 raise ValueError(f"gemm operand {name}=%{ref.buf.name} must be f32, not {ref.buf.dtype}")
         self.alpha, self.beta = float(self.alpha), float(self.beta)
+
+    @property
+    def operand_names(self) -> tuple[str, ...]:
+        """The buffer operands: c, a, b, and bias when there is one."""
+        return ("c", "a", "b") + (("bias",) if self.bias is not None else ())
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -528,12 +540,14 @@ class _KernelVerifier:
                 self.expr(s.value, inner, body_scalars | _defined(s.body))
                 self.define_scalar(s.var.name, scalars)
             elif isinstance(s, Gemm):
-                for name in ("a", "b", "c"):
+                for name in s.operand_names:
                     ref = getattr(s, name)
                     self.buffer(ref.buf, f"gemm operand {name}")
                     self.index(ref.offset, loops, f"the offset of gemm operand {name}")
                 if s.c.buf.role == "in":
                     raise self.fail(f"gemm writes into input buffer %{s.c.buf.name}")
+                if s.bias is not None and s.bias.buf.strides is not None:
+                    raise self.fail(f"gemm bias %{s.bias.buf.name} must be a contiguous buffer")
                 for f in GEMM_INTS:
                     self.index(getattr(s, f), loops, f"gemm {f}")
             else:
@@ -616,8 +630,8 @@ def index_names(stmts) -> set[str]:
             elif isinstance(s, Gemm):
                 for f in GEMM_INTS:
                     out.update(free_symbols(getattr(s, f)))
-                for ref in (s.a, s.b, s.c):
-                    out.update(free_symbols(ref.offset))
+                for name in s.operand_names:
+                    out.update(free_symbols(getattr(s, name).offset))
     block(stmts)
     return out
 

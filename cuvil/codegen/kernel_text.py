@@ -206,7 +206,9 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
             rest = [f"trans_a={str(s.trans_a).lower()}", f"trans_b={str(s.trans_b).lower()}",
                     f"alpha={format_float(s.alpha)}", f"beta={format_float(s.beta)}"] + \
                 ([f"b_panels={s.b_panels}"] if s.b_panels else []) + \
-                ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_WINDOW] if s.a_rows is not None else [])
+                ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_WINDOW] if s.a_rows is not None else []) + \
+                ([f"bias=%{names(s.bias.buf.name, 'b')}[{index_str(s.bias.offset)}]"] if s.bias is not None else []) + \
+                (["relu=true"] if s.relu else [])
             lines.append(f"{pad}gemm {', '.join(refs + ints + rest)}")
         else:
             raise TypeError(f"unknown statement {s!r}")
@@ -550,7 +552,7 @@ class _Parser:
                 raise self.error(f"gemm field '{key.text}' given twice", key)
             seen.add(key.text)
             self.expect("=")
-            if key.text in ("a", "b", "c"):
+            if key.text in ("a", "b", "c", "bias"):
                 buf = self.buffer_ref()
                 self.expect("[")
                 off = self.index_expr()
@@ -563,7 +565,7 @@ class _Parser:
                 if not width.text.isdigit():
                     raise self.error(f"expected a panel width, got {width.text!r}", width)
                 fields[key.text] = int(width.text)
-            elif key.text in ("trans_a", "trans_b"):
+            elif key.text in ("trans_a", "trans_b", "relu"):
                 v = self.expect_kind("ident", "true or false")
                 if v.text not in ("true", "false"):
                     raise self.error("expected true or false", v)

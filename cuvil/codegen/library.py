@@ -20,6 +20,7 @@ GEMM otherwise.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import sympy
 
@@ -29,7 +30,7 @@ from ..ir.ops.common import pair
 from ..ir.ops.nn import spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import bounds, broadcast_index, floor_div, modulo
-from .kernel_ir import BufRef, Const, Gemm, Index, Load, Store, compute_dtype
+from .kernel_ir import Buffer, BufRef, Const, Gemm, Index, Load, Store, compute_dtype
 from .scalar_ops import call, cast, const
 
 ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
@@ -249,6 +250,45 @@ def _materialize(lw, op, T, bias_dim: int | None):
     lw.materialized[id(op.result)] = value
 
 
+@dataclass(frozen=True)
+class RegisterEpilogue:
+    """What the panel microkernel finishes in registers (the group's whole epilogue)."""
+    bias: Buffer | None
+    relu: bool
+
+
+def _gemm_epilogue(in_registers: RegisterEpilogue | None, first_column) -> dict:
+    """Gemm's epilogue fields for a call whose first output column is `first_column`."""
+    if in_registers is None:
+        return {}
+    bias = None if in_registers.bias is None else BufRef(in_registers.bias, first_column)
+    return {"bias": bias, "relu": in_registers.relu}
+
+
+def _register_epilogue(lw, op, T) -> RegisterEpilogue | None:
+    """The epilogue of `op`'s product, when the panel microkernel can apply all of it in registers:
+    the group's ops after `op` are none or one relu, its one output is written into T, and any bias is a
+    contiguous f32 vector the kernel reads. Else None: the epilogue runs as loops over each tile's
+    block of the output (fused ops of any kind)."""
+    outs = list(lw.outputs.values())
+    rest = lw.ops[lw.ops.index(op) + 1:]      # what runs on the product (ops before it feed its inputs)
+    if len(outs) != 1 or outs[0][1] is not T or len(rest) > 1:
+        return None
+    out = outs[0][0]
+    relu = bool(rest)
+    if relu and not (rest[0].name == "cuvil.relu" and rest[0].operands[0] is op.result and out is rest[0].result):
+        return None
+    if not relu and out is not op.result:
+        return None
+    bias = op.operands[2] if len(op.operands) > 2 else None
+    if bias is None:
+        return RegisterEpilogue(None, relu)
+    buf = lw.inputs.get(id(bias))
+    if buf is None or buf.dtype != DType.f32 or buf.rank != 1 or buf.strides is not None:
+        return None
+    return RegisterEpilogue(buf, relu)
+
+
 def _epilogue(lw, region):
     """Store the group's outputs over `region`: one (start, extent) per output dim."""
     def nest(level, idx):
@@ -287,11 +327,12 @@ def _column_tiles(n, width: int = COL_TILE) -> tuple[int, object]:
     return 1, n
 
 
-def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, b_panels=0):
+def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, b_panels=0,
+               in_registers: RegisterEpilogue | None = None):
     """C[rows, n] = A[rows, k] @ op(B) in parallel tiles of rows and columns; each tile then runs
-    the epilogue over its block (`row_shape`: the output dims the flat row index spans). With
-    `b_panels` (their width), B is packed in panels (`panel_gemm.py`; PANEL_COL_TILE is a multiple
-    of every width)."""
+    the epilogue over its block (`row_shape`: the output dims the flat row index spans), unless
+    the microkernel applies it `in_registers`. With `b_panels` (their width), B is packed in panels
+    (`panel_gemm.py`; PANEL_COL_TILE is a multiple of every width)."""
     row_tiles = norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE))
     # the panel GEMM packs nothing per call, so narrower tiles cost little and give threads work
     col_tiles, width = _column_tiles(n, PANEL_COL_TILE if b_panels else COL_TILE)
@@ -303,7 +344,9 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
         first, first_col = ROW_TILE * t, width * c
         b_offset = first_col * k if b_panels else first_col * ldb if trans_b else first_col
         lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k), BufRef(B, b_offset), count, cols, k,
-                     k, ldb, n, trans_b=trans_b, b_panels=b_panels))
+                     k, ldb, n, trans_b=trans_b, b_panels=b_panels, **_gemm_epilogue(in_registers, first_col)))
+        if in_registers is not None:
+            return
 
         def row(r):
             idx = _decompose(lw, first + r, row_shape)
@@ -326,7 +369,8 @@ def linear(lw, op):
     out_f = op.attrs["out_features"]
     if out_f is not None:       # pre-packed in panels by the layout pass
         in_f = w.type.shape[1]
-        _row_tiles(lw, T, rows, out_f, X, Wt, in_f, 0, False, row_shape, b_panels=w.type.shape[2])
+        _row_tiles(lw, T, rows, out_f, X, Wt, in_f, 0, False, row_shape, b_panels=w.type.shape[2],
+                   in_registers=_register_epilogue(lw, op, T))
         return
     out_f, in_f = w.type.shape
     _row_tiles(lw, T, rows, out_f, X, Wt, in_f, in_f, True, row_shape)
@@ -387,7 +431,8 @@ def conv2d_gemm(lw, op):
         _materialize(lw, op, T, 3)
         N, H, W, C = x.type.shape
         width = op.operands[1].type.shape[-1] if op.attrs["out_channels"] is not None else 0
-        _row_tiles(lw, T, norm_dim(N * H * W), OC, X, Wt, C, OC, False, [N, H, W], b_panels=width)
+        _row_tiles(lw, T, norm_dim(N * H * W), OC, X, Wt, C, OC, False, [N, H, W], b_panels=width,
+                   in_registers=_register_epilogue(lw, op, T) if width else None)
         return
     _materialize(lw, op, T, 1)
     N, C, H, W = x.type.shape
@@ -473,13 +518,15 @@ def conv2d_implicit(lw, op):
     in_rows, Wp = (tile_rows - 1) * sh + KH, norm_dim((sympy.sympify(OW) - 1) * sw + KW)
     padded = lw.scratch(DType.f32, [norm_dim(N * groups * tiles), norm_dim(in_rows * Wp * C)])
     Wt = lw.inputs[id(w)]
+    in_registers = _register_epilogue(lw, op, T)
 
     def body(q, n, g, first, count):
         _copy_padded(lw, x, padded, q, n, g * C, C, first * sh - ph, (count - 1) * sh + KH, pw, Wp)
         lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g), BufRef(padded, q * in_rows * Wp * C),
                      BufRef(Wt, g * panels_g * KH * KW * C * width), count * OW, oc_g, KH * KW * C, sw * C, 0, OC,
-                     b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run=KW * C, k_run_stride=Wp * C))
-    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows)
+                     b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run=KW * C, k_run_stride=Wp * C,
+                     **_gemm_epilogue(in_registers, g * oc_g)))
+    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows, epilogue=in_registers is None)
 
 
 def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp):
@@ -533,9 +580,10 @@ def _tile_rows(OH, OW) -> int:
     return max(1, CONV_TILE_POSITIONS // OW)
 
 
-def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None):
+def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None, epilogue: bool = True):
     """Parallel loop over (image, group, tile of output rows); `body(q, n, g, first_row, rows)`
-    emits the tile's computation, then the epilogue covers its block of the output."""
+    emits the tile's computation, then the epilogue covers its block of the output (unless the
+    body's GEMM applied it in registers: `epilogue=False`)."""
     tile_rows = tile_rows or _tile_rows(OH, OW)
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
     oc_g = _conv_weight_dims(op)[0] // groups
@@ -545,6 +593,8 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None):
         first = tile_rows * t
         count = _min(tile_rows, OH - first) if tiles != 1 else OH
         body(q, n, g, first, count)
+        if not epilogue:
+            return
         channels, rows, cols = (g * oc_g, oc_g), (first, count), (0, OW)
         _epilogue(lw, [(n, 1), rows, cols, channels] if op.attrs["layout"] == "nhwc" else
                   [(n, 1), channels, rows, cols])

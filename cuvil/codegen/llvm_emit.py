@@ -38,7 +38,8 @@ from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Le
                         GEMM_WINDOW, loop_var, operands)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
-from .panel_gemm import ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_rows
+from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
+                         panel_rows)
 from .target import Target
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -134,17 +135,17 @@ class ModuleBuilder:
         return fn
 
 
-    def panel_gemm_function(self, width: int) -> ir.Function:
-        """C = A @ B with B packed in panels of `width` columns, A read through a window
-        (`panel_gemm.py`), blocked for the target's vector registers."""
-        name = f"cuvil.panel_gemm.{width}"
+    def panel_gemm_function(self, width: int, bias: bool, relu: bool) -> ir.Function:
+        """C = A @ B (+ bias, relu) with B packed in panels of `width` columns, A read through a
+        window (`panel_gemm.py`), blocked for the target's vector registers."""
+        name = panel_gemm_name(width, bias, relu)
         fn = self.module.globals.get(name)
         if fn is None:
             fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS), name=name)
             fn.linkage = "internal"
             fn.attributes.add("nounwind")
             lanes = self.target.vector_floats
-            emit_panel_gemm(fn, lanes, panel_rows(lanes, self.target.vector_registers, width), width)
+            emit_panel_gemm(fn, lanes, panel_rows(lanes, self.target.vector_registers, width), width, bias, relu)
         return fn
 
 
@@ -428,9 +429,10 @@ class KernelEmitter:
             one = ir.Constant(I64, 1)
             window = [self.index(getattr(s, f)) for f in GEMM_WINDOW] if s.a_rows is not None else \
                 [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one]   # plain: one run
-            b.call(self.mb.panel_gemm_function(s.b_panels),
+            bias = self._gemm_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
+            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu),
                    [self._gemm_ptr(s.c), self._gemm_ptr(s.a), self._gemm_ptr(s.b), self.index(s.m),
-                    self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window])
+                    self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window, bias])
             return
         if s.trans_a or (m.is_Integer and m > SMALL_GEMM_MAX_ROWS):
             self._sgemm(s)

@@ -16,8 +16,13 @@ convolution over a zero-padded input, a row is an output position (a_rows = outp
 output row further is a_rows_stride = stride_h * padded row), and k walks the window's kernel rows,
 each a contiguous run of k_run = kw * channels floats, one padded input row apart.
 
-    void cuvil.panel_gemm.<width>(ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda, i64 ldc,
-                                  i64 a_rows, i64 a_rows_stride, i64 k_run, i64 k_run_stride)
+    void cuvil.panel_gemm.<width>[.bias][.relu](ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda,
+                                  i64 ldc, i64 a_rows, i64 a_rows_stride, i64 k_run, i64 k_run_stride,
+                                  ptr bias)
+
+The `.bias` and `.relu` variants finish each block of C in registers before storing it: + bias[j]
+for column j, then maximum(C, 0) (NaN stays NaN, -0 becomes +0, like the epilogue loop they
+replace). The plain variant ignores `bias`.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import llvmlite.ir as ir
 from .mathlib import F32, I32, I64
 
 PTR = ir.PointerType()
-ARGS = [PTR] * 3 + [I64] * 9
+ARGS = [PTR] * 3 + [I64] * 9 + [PTR]
 MAX_ACCUMULATORS = 12
 
 
@@ -39,14 +44,25 @@ def panel_rows(lanes: int, registers: int, width: int) -> int:
     return max(1, min(MAX_ACCUMULATORS // vectors, (registers - vectors - 1) // vectors))
 
 
-def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int) -> None:
-    """The body of `cuvil.panel_gemm.<width>` (see the module docstring) for `lanes`-wide vectors."""
+def panel_gemm_name(width: int, bias: bool = False, relu: bool = False) -> str:
+    return f"cuvil.panel_gemm.{width}" + (".bias" if bias else "") + (".relu" if relu else "")
+
+
+def _intrinsic(module: ir.Module, name: str, ty: ir.Type, arity: int) -> ir.Function:
+    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
+    return module.globals.get(f"llvm.{name}.{suffix}") or \
+        ir.Function(module, ir.FunctionType(ty, [ty] * arity), f"llvm.{name}.{suffix}")
+
+
+def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bool = False,
+                    relu: bool = False) -> None:
+    """The body of `panel_gemm_name(width, bias, relu)` (see the module docstring) for
+    `lanes`-wide vectors."""
     vec = ir.VectorType(F32, lanes)
     vectors = width // lanes
-    fma = fn.module.globals.get(f"llvm.fma.v{lanes}f32") or \
-        ir.Function(fn.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
-    c, a, bp, m, n, k, lda, ldc, a_rows, a_rows_stride, k_run, k_run_stride = fn.args
-    for p in (c, a, bp):
+    fma = _intrinsic(fn.module, "fma", vec, 3)
+    c, a, bp, m, n, k, lda, ldc, a_rows, a_rows_stride, k_run, k_run_stride, bias_ptr = fn.args
+    for p in (c, a, bp, bias_ptr):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     acc = [[b.alloca(vec, name=f"acc{r}.{v}") for v in range(vectors)] for r in range(rows)]
@@ -89,18 +105,27 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int) -> None:
         column = b.mul(p, i64(width))
         left = b.sub(n, column)
         whole = b.icmp_signed(">=", left, i64(width))
+        bias_at = b.gep(bias_ptr, [column], inbounds=True, source_etype=F32)
+
+        def finish(x, at, ty):
+            """The epilogue in registers: x (of type `ty`) + bias at `at`, then relu."""
+            if bias:
+                x = b.fadd(x, b.load(b.gep(bias_at, [at], inbounds=True, source_etype=F32), typ=ty, align=4))
+            if relu:
+                x = b.call(_intrinsic(fn.module, "maximum", ty, 2), [x, ir.Constant(ty, None)])
+            return x
         for r in range(count):
             row = b.gep(c, [b.add(b.mul(b.add(first, i64(r)), ldc), column)], inbounds=True, source_etype=F32)
             with b.if_else(whole) as (then, otherwise):
                 with then:
                     for v in range(vectors):
-                        b.store(b.load(acc[r][v], typ=vec),
+                        b.store(finish(b.load(acc[r][v], typ=vec), i64(v * lanes), vec),
                                 b.gep(row, [i64(v * lanes)], inbounds=True, source_etype=F32), align=4)
                 with otherwise:      # the last, partial panel: through the stack, then `left` floats
                     for v in range(vectors):
                         b.store(b.load(acc[r][v], typ=vec), b.gep(tile, [i64(v)], inbounds=True, source_etype=vec))
                     for_range(b, i64(0), left, i64(1), "j", lambda j: b.store(
-                        b.load(b.gep(tile_floats, [j], inbounds=True, source_etype=F32), typ=F32),
+                        finish(b.load(b.gep(tile_floats, [j], inbounds=True, source_etype=F32), typ=F32), j, F32),
                         b.gep(row, [j], inbounds=True, source_etype=F32)))
 
     panels = b.sdiv(b.add(n, i64(width - 1)), i64(width))

@@ -131,8 +131,10 @@ def test_kernel_text_round_trips_the_windowed_gemm():
     text = print_kernels([kernel])
     (gemm,) = [line.strip() for line in text.splitlines() if line.strip().startswith("gemm")]
     # 12x10 image, 3 channels, padding 1: A rows are 3 floats apart, an output row further is
-    # one padded row (12 columns * 3), each kernel row a run of 3 * 3 floats
-    assert re.search(r"b_panels=16, a_rows=10, a_rows_stride=36, k_run=9, k_run_stride=36$", gemm)
+    # one padded row (12 columns * 3), each kernel row a run of 3 * 3 floats; the bias and the relu
+    # after the convolution are applied in the microkernel's registers
+    assert re.search(r"b_panels=16, a_rows=10, a_rows_stride=36, k_run=9, k_run_stride=36, bias=%a2\[0\], "
+                     r"relu=true$", gemm)
     assert "lda=3" in gemm and "k=27" in gemm
     assert print_kernels(parse_kernels(text)) == text
 

@@ -27,11 +27,24 @@ def _graph(i, k, n):
 
 
 GRAPHS = {i: _graph(i, k, n) for i, (_, k, n) in enumerate(SHAPES)}
+# (name, epilogue after the packed linear, eager reference): the microkernel applies bias and relu
+# in registers; anything else stays a loop over each tile's block
+EPILOGUES = {
+    "gelu": (lambda b, y, r: b("cuvil.gelu", y, approximate="none"), lambda y, r: F.gelu(y)),
+    "residual": (lambda b, y, r: b("cuvil.relu", b("cuvil.add", y, r)), lambda y, r: F.relu(y + r)),
+    "none": (lambda b, y, r: y, lambda y, r: y),
+}
+OTHER = {name: Graph(f"epilogue_{name}", lambda b, x, w, bias, r, f=f: f(b, b("cuvil.linear", x, w, bias,
+                                                                                out_features=40), r),
+                     [T("s0", 24), T(*pack_panels(torch.zeros(40, 24)).shape), T(40), T("s0", 40)])
+         for name, (f, _) in EPILOGUES.items()}
+NO_BIAS = Graph("no_bias", lambda b, x, w: b("cuvil.relu", b("cuvil.linear", x, w, out_features=40)),
+                [T("s0", 24), T(*pack_panels(torch.zeros(40, 24)).shape)])
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    return compile_graphs(GRAPHS.values())
+    return compile_graphs([*GRAPHS.values(), *OTHER.values(), NO_BIAS])
 
 
 def test_packing_round_trips():
@@ -58,6 +71,37 @@ def test_kernel_text_keeps_the_packed_operand():
     text = print_kernels([kernel])
     assert "b_panels=16" in text
     assert print_kernels(parse_kernels(text)) == text
+
+
+def test_bias_and_relu_run_in_the_microkernel_registers(compiled):
+    (kernel,) = GRAPHS[6].kernels             # 600 outputs: column tiles of 128, each its part of the bias
+    text = print_kernels([kernel])
+    assert "b_panels=32, bias=%a2[128*(p % 5)], relu=true\n  }\n}" in text   # and no epilogue loop after it
+    assert "max(" not in text
+    assert print_kernels(parse_kernels(text)) == text
+    (kernel,) = NO_BIAS.kernels
+    assert "relu=true" in print_kernels([kernel]) and "bias=" not in print_kernels([kernel])
+    x, w = rand(9, 24), rand(40, 24, seed=1)
+    x[2, 5] = float("nan")                   # NaN stays NaN through the bias and the relu
+    out = run(NO_BIAS, compiled, x, pack_panels(w))
+    torch.testing.assert_close(out, F.relu(F.linear(x, w)), rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert out[2].isnan().all() and not out[[0, 1, 3]].isnan().any()
+
+
+@pytest.mark.parametrize("name", list(EPILOGUES))
+def test_other_epilogues_run_as_loops_after_the_microkernel(compiled, name):
+    (kernel,) = OTHER[name].kernels
+    gemm = next(line for line in print_kernels([kernel]).splitlines() if "gemm" in line)
+    assert "relu=" not in gemm and ("bias=" in gemm) == (name == "none")
+    x, w, bias, r = rand(70, 24), rand(40, 24, seed=1), rand(40, seed=2), rand(70, 40, seed=3)
+    out = run(OTHER[name], compiled, x, pack_panels(w), bias, r)
+    torch.testing.assert_close(out, EPILOGUES[name][1](F.linear(x, w, bias), r), rtol=1e-5, atol=1e-5)
+
+
+def test_an_epilogue_in_registers_needs_a_packed_operand():
+    text = print_kernels(GRAPHS[0].kernels).replace("b_panels=16, ", "")
+    with pytest.raises(cuvil.CuvilParseError, match="only a gemm with b_panels applies bias and relu"):
+        parse_kernels(text)
 
 
 def test_layout_pass_packs_constant_linear_weights_only():
