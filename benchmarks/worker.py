@@ -150,7 +150,10 @@ def main(conn, engine: str, threads: int, workdir: str) -> None:
     os.dup2(log, 2)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(workdir_path / "inductor-cache")   # fresh: cold compiles
+    # fresh caches: every engine's compile is cold (Cuvil's object cache too, which otherwise lives
+    # in ~/.cache/cuvil across runs and would serve kernels an earlier run compiled)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(workdir_path / "inductor-cache")
+    os.environ["CUVIL_CACHE_DIR"] = str(workdir_path / "cuvil-cache")
     import torch
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
