@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import compile, explain, zoo
+from . import compile, explain, load, zoo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     t_cuvil, t_eager = _median_s(lambda: fast(*inputs)), _median_s(lambda: entry.model(*inputs))
     print(f"latency, 1 thread, median: cuvil {t_cuvil * 1e3:.3f} ms, eager {t_eager * 1e3:.3f} ms "
           f"(cuvil/eager = {t_cuvil / t_eager:.2f})")
+
+    # The compiled model saved and loaded back: no export, passes or LLVM on this side.
+    fast.save(out / f"{args.model}.cuvil")
+    t0 = time.perf_counter()
+    loaded = load(out / f"{args.model}.cuvil")
+    t_load = time.perf_counter() - t0
+    same = all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(loaded(*inputs)), got))
+    print(f"saved model: {out / (args.model + '.cuvil')}, loaded in {t_load * 1e3:.1f} ms, outputs "
+          f"{'identical to' if same else 'DIFFERENT from'} the compiled model's")
 
     (out / "input.cvl").write_text(report.input_ir)
     (out / "output.cvl").write_text(report.output_ir)
