@@ -194,7 +194,8 @@ def compile_native(module: Module, grouping: Grouping | None = None, cache=DISK_
     kernels = compile_kernels([lk.kernel for lk in lowered], target=target, cache=cache, timings=timings)
     timings.update(kernels.timings)
     t = time.perf_counter()
-    draft = ProgramDraft(fn, lowered, Sizes(hints), anchors_us=latency_anchors(lowered))
+    draft = ProgramDraft(fn, lowered, Sizes(hints), anchors_us=latency_anchors(lowered),
+                         same_code=shared_entries(kernels))
     if manager is not None:
         ran = manager.run_program(draft)
         if records is not None:

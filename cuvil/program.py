@@ -91,6 +91,7 @@ class ProgramDraft:
     priorities: list[int] | None = None
     plan: MemoryPlan | None = None
     anchors_us: dict[int, float] = field(default_factory=dict)    # step -> max_latency_us
+    same_code: dict[str, str] = field(default_factory=dict)   # kernel -> the first kernel sharing its code
     names: dict = field(init=False)
 
     def __post_init__(self):
@@ -142,10 +143,12 @@ class ProgramDraft:
                  and key in self.producer} - {k} for k, (lk, keys) in enumerate(zip(self.lowered, self.keys))]
 
     def iteration_cost(self, kernel: Kernel) -> Any:
-        """`iteration_cost_ns` of `kernel`, worked out once (the schedule and the splits both ask)."""
-        if kernel.name not in self._costs:
-            self._costs[kernel.name] = iteration_cost_ns(kernel, set(self.fn.symbols))
-        return self._costs[kernel.name]
+        """`iteration_cost_ns` of `kernel`, worked out once per code (the schedule and the splits both
+        ask; the layers of a transformer share their kernels' code, and sympy makes each costly)."""
+        key = self.same_code.get(kernel.name, kernel.name)
+        if key not in self._costs:
+            self._costs[key] = iteration_cost_ns(kernel, set(self.fn.symbols))
+        return self._costs[key]
 
     def cost_ns(self) -> list[int]:
         """Each step's estimated time at the hint sizes."""
