@@ -39,6 +39,23 @@ CONV_CASES = [("CNN b16 stem 3->16", 16, 3, 16, 32, 1), ("CNN b16 block 16->32 s
               ("3x3 64->64 16x16 b8", 8, 64, 64, 16, 1)]
 
 
+def bracketed(measure, peak=lambda: sgemm_peak_gflops(repeats=3), attempts: int = 3):
+    """(GFLOP/s, µs, peak before, peak after, steady) of `measure()` between two peak measurements.
+
+    This shared machine's speed changes by up to 2x from one minute to the next, so a case is set
+    against the peak measured just before and just after it; when the two differ by more than
+    UNSTEADY the machine changed speed meanwhile and the ratio says little: the case is measured
+    again, up to `attempts` times, and the last try is returned marked unsteady."""
+    for _ in range(attempts):
+        before = peak()
+        gflops, us = measure()
+        after = peak()
+        steady = abs(before - after) <= UNSTEADY * max(before, after)
+        if steady:
+            break
+    return gflops, us, before, after, steady
+
+
 def sgemm_peak_gflops(n: int = PEAK_SIZE, repeats: int = 7) -> float:
     """OpenBLAS sgemm on n x n x n, one thread, best of `repeats` (GFLOP/s)."""
     a, b, c = (torch.randn(n, n) for _ in range(3))
@@ -106,17 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
                lambda b=b, cin=cin, cout=cout, size=size, stride=stride: conv_step_gflops(b, cin, cout, size, stride))
               for label, b, cin, cout, size, stride in CONV_CASES]
     for label, shape, fields, measure in cases:
-        # the peak is measured again just before and just after each case: this shared machine's
-        # speed changes by up to 2x from one minute to the next. The case is set against the mean
-        # of the two; when they differ by more than UNSTEADY the machine changed speed meanwhile
-        # and the ratio says little (marked, and measured again up to twice)
-        for attempt in range(3):
-            before = sgemm_peak_gflops(repeats=3)
-            gflops, us = measure()
-            after = sgemm_peak_gflops(repeats=3)
-            steady = abs(before - after) <= UNSTEADY * max(before, after)
-            if steady:
-                break
+        gflops, us, before, after, steady = bracketed(measure)
         peak = (before + after) / 2
         rows.append({"case": label, **fields, "step_us": round(us, 1), "gflops": round(gflops, 1),
                      "peak_gflops": round(peak, 1), "peak_before_after": [round(before, 1), round(after, 1)],
