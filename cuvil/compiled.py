@@ -323,14 +323,18 @@ class NativeCall:
                                               for shape, alloc in self._outputs]
 
     def __call__(self, tensors, symbols: list[int]):
+        return self.run(tensors, symbols, False)[0]
+
+    def run(self, tensors, symbols: list[int], profile: bool):
+        """(the model's outputs, the engine's per-step records when `profile`)."""
         inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
         if self._static is not None:
             outputs = [alloc(shape) for shape, alloc in self._static]
         else:
             outputs = [alloc(tuple(evaluate(d, symbols) for d in shape)) for shape, alloc in self._outputs]
-        self.engine.run([(x.data_ptr(), x.nbytes) for x in inputs], [(y.data_ptr(), y.nbytes) for y in outputs],
-                        symbols, False)
-        return unflatten_outputs(self.out_spec, outputs)
+        records = self.engine.run([(x.data_ptr(), x.nbytes) for x in inputs],
+                                  [(y.data_ptr(), y.nbytes) for y in outputs], symbols, profile)
+        return unflatten_outputs(self.out_spec, outputs), records
 
 
 class Variant:

@@ -35,7 +35,7 @@ from .codegen.target import Target
 from .compiled import Guard, NativeCall
 from .compiler import shared_entries
 from .errors import CuvilError
-from .runtime import Kernel, load_module, set_num_threads
+from .runtime import Kernel, StepTiming, load_module, set_num_threads
 
 FORMAT = "cuvil-saved-model"
 FORMAT_VERSION = 1
@@ -77,6 +77,7 @@ def _variant_state(v, constants: list[torch.Tensor], objects: list[torch.Tensor]
                      len(kernels.kernels[name].dim_exprs), kernels.kernels[name].parallel_loop is not None]
                     for name in registered],
         "object": len(objects) - 1,
+        "step_names": [lk.kernel.name for lk in native.lowered],
         "imports": library_symbols(kernels.llvm_ir_text),
         "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features,
                    "abiname": target.abiname},
@@ -115,13 +116,25 @@ class SavedModel:
         reasons = "; ".join(m.text for v in self.variants for m in v.guard.mismatches(args, kwargs))
         raise CuvilError(f"{self.path}: no saved variant accepts this call: {reasons}")
 
+    def profile(self, *args, **kwargs):
+        """Run once, recording every kernel call: (outputs, [StepTiming]), as `CompiledModel.profile`."""
+        if kwargs and self._signature is not None:
+            bound = self._signature.bind(*args, **kwargs)
+            args, kwargs = bound.args, bound.kwargs
+        for v in self.variants:
+            hit = v.guard.match(args, kwargs)
+            if hit is not None:
+                outputs, records = v.call.run(*hit, True)
+                return outputs, [StepTiming(s, v.step_names[s], c, t, b, e) for s, c, t, b, e in records]
+        return self(*args, **kwargs), []        # raises: no variant accepts the call
+
     def __repr__(self) -> str:
         return f"SavedModel({self.path!r}, {len(self.variants)} variant(s))"
 
 
 class _SavedVariant:
-    def __init__(self, guard: Guard, call: NativeCall, tracker):
-        self.guard, self.call = guard, call
+    def __init__(self, guard: Guard, call: NativeCall, step_names: list[str], tracker):
+        self.guard, self.call, self.step_names = guard, call, step_names
         self._tracker = tracker       # keeps the linked code alive (the JIT module holds it too)
 
 
@@ -170,7 +183,7 @@ def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:
                          f"defines the output type before loading") from None
     outputs = [(shape, getattr(torch, dtype)) for shape, dtype in state["outputs"]]
     return _SavedVariant(Guard.from_state(state["guard"]), NativeCall(engine, outputs, out_spec, state["symbolic"]),
-                         tracker)
+                         state["step_names"], tracker)
 
 
 def _check_target(path: str, saved: Target) -> None:

@@ -187,3 +187,16 @@ def test_guard_state_round_trips_and_refuses_unsavable_constants():
     guard.constants[1] = object()
     with pytest.raises(cuvil.CuvilError, match="a saved model keeps non-tensor arguments"):
         guard.state()
+
+
+def test_a_loaded_model_profiles_its_steps_like_the_compiled_one(tmp_path):
+    entry = zoo.get("cnn")
+    x = entry.inputs(batch=1)[0]
+    compiled = cuvil.compile(entry.model)
+    expected, timings = compiled.profile(x)
+    compiled.save(tmp_path / "cnn.cuvil")
+    out, loaded_timings = cuvil.load(tmp_path / "cnn.cuvil").profile(x)
+    assert torch.equal(out, expected)
+    # every step, under its own kernel's name (a split step records one entry per chunk)
+    assert {(t.step, t.kernel) for t in loaded_timings} == {(t.step, t.kernel) for t in timings}
+    assert all(t.end_ns >= t.start_ns for t in loaded_timings)
