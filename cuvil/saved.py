@@ -103,6 +103,17 @@ class SavedModel:
         self.path, self.variants, self._signature = path, variants, signature
 
     def __call__(self, *args, **kwargs):
+        variant, (tensors, symbols) = self._match(args, kwargs)
+        return variant.call(tensors, symbols)
+
+    def profile(self, *args, **kwargs):
+        """Run once, recording every kernel call: (outputs, [StepTiming]), as `CompiledModel.profile`."""
+        variant, (tensors, symbols) = self._match(args, kwargs)
+        outputs, records = variant.call.run(tensors, symbols, True)
+        return outputs, [StepTiming(s, variant.step_names[s], c, t, b, e) for s, c, t, b, e in records]
+
+    def _match(self, args: tuple, kwargs: dict):
+        """The variant that accepts the call, and its (input tensors, symbol values)."""
         if kwargs and self._signature is not None:
             try:
                 bound = self._signature.bind(*args, **kwargs)
@@ -112,21 +123,9 @@ class SavedModel:
         for v in self.variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
-                return v.call(*hit)
+                return v, hit
         reasons = "; ".join(m.text for v in self.variants for m in v.guard.mismatches(args, kwargs))
         raise CuvilError(f"{self.path}: no saved variant accepts this call: {reasons}")
-
-    def profile(self, *args, **kwargs):
-        """Run once, recording every kernel call: (outputs, [StepTiming]), as `CompiledModel.profile`."""
-        if kwargs and self._signature is not None:
-            bound = self._signature.bind(*args, **kwargs)
-            args, kwargs = bound.args, bound.kwargs
-        for v in self.variants:
-            hit = v.guard.match(args, kwargs)
-            if hit is not None:
-                outputs, records = v.call.run(*hit, True)
-                return outputs, [StepTiming(s, v.step_names[s], c, t, b, e) for s, c, t, b, e in records]
-        return self(*args, **kwargs), []        # raises: no variant accepts the call
 
     def __repr__(self) -> str:
         return f"SavedModel({self.path!r}, {len(self.variants)} variant(s))"
