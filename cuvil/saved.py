@@ -53,7 +53,18 @@ def save(path: str | os.PathLike, variants, signature: inspect.Signature | None)
                 [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
                  for p in signature.parameters.values()],
                 "variants": states}
-    torch.save({"manifest": json.dumps(manifest), "constants": constants, "objects": objects}, os.fspath(path))
+    # a new file replaces the old one: a model loaded from the old file maps its weights, and
+    # rewriting that file in place would pull the pages from under it (SIGBUS on its next call)
+    path = os.fspath(path)
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        torch.save({"manifest": json.dumps(manifest), "constants": constants, "objects": objects}, partial)
+        os.replace(partial, path)
+    except (OSError, RuntimeError) as e:      # torch.save reports a file it cannot open as a RuntimeError
+        raise CuvilError(f"cannot write the saved model {path}: {e}") from None
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
 
 
 def _variant_state(v, constants: list[torch.Tensor], objects: list[torch.Tensor]) -> dict:

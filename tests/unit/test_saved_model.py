@@ -200,3 +200,21 @@ def test_a_loaded_model_profiles_its_steps_like_the_compiled_one(tmp_path):
     # every step, under its own kernel's name (a split step records one entry per chunk)
     assert {(t.step, t.kernel) for t in loaded_timings} == {(t.step, t.kernel) for t in timings}
     assert all(t.end_ns >= t.start_ns for t in loaded_timings)
+
+
+def test_saving_over_a_loaded_model_leaves_it_running(tmp_path):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    compiled = cuvil.compile(net)
+    expected = compiled(x)
+    compiled.save(tmp_path / "net.cuvil")
+    loaded = cuvil.load(tmp_path / "net.cuvil")           # its weights are mapped from the file
+    other = cuvil.compile(nn.Sequential(nn.Linear(8, 16)).eval())
+    other(x)
+    other.save(tmp_path / "net.cuvil")                    # a new file under the same name
+    assert torch.equal(loaded(x), expected)
+    assert not torch.equal(cuvil.load(tmp_path / "net.cuvil")(x), expected)
+    assert [p.name for p in tmp_path.iterdir()] == ["net.cuvil"]       # no partial file left behind
+    with pytest.raises(cuvil.CuvilError, match="cannot write the saved model"):
+        compiled.save(tmp_path / "missing-folder" / "net.cuvil")
