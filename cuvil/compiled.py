@@ -337,6 +337,42 @@ class NativeCall:
         return unflatten_outputs(self.out_spec, outputs), records
 
 
+MISS = object()      # what a fast path returns for a call it does not take
+
+
+def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
+    """For a variant with static shapes called with contiguous CPU tensors only, positionally: one
+    closure that checks the call and runs it, or returns MISS (and the caller takes the general
+    path). It is `Guard.match` then `NativeCall.run` with the per-call generality taken out: about
+    half the overhead of a small model's call."""
+    if guard.static_shapes is None or guard.positional is None or call._static is None:
+        return None
+    expected, outputs = guard.static_shapes, call._static
+    engine, spec, n, strided, tensor = call.engine, call.out_spec, guard.positional, torch.strided, torch.Tensor
+
+    def run(args: tuple):
+        if len(args) != n:
+            return MISS
+        inputs = []
+        for x, (dtype, shape) in zip(args, expected):
+            if type(x) is not tensor or x.dtype is not dtype or x.shape != shape or not x.is_cpu \
+                    or x.layout is not strided or not x.is_contiguous():
+                return MISS
+            inputs.append((x.data_ptr(), x.nbytes))
+        out = [alloc(shape) for shape, alloc in outputs]
+        engine.run(inputs, [(y.data_ptr(), y.nbytes) for y in out])
+        return unflatten_outputs(spec, out)
+    return run
+
+
+def call_fast(variants, args: tuple):
+    """The first variant's fast path that takes the call, run; MISS when none does."""
+    for v in variants:
+        if v.fast is not None and (out := v.fast(args)) is not MISS:
+            return out
+    return MISS
+
+
 class Variant:
     """One compilation: the import, the native program, the guard and the report."""
 
@@ -349,6 +385,7 @@ class Variant:
         executable = self.native.executable
         self._call = None if executable is None else NativeCall(executable.engine, self.outputs,
                                                                 imported.output_structure, bool(program.symbols))
+        self.fast = None if self._call is None else fast_path(guard, self._call)
         self._detailed = False
 
     def run(self, tensors, symbols: list[int]):
@@ -395,6 +432,8 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args, kwargs = self._canonical(args, kwargs)
+        elif (out := call_fast(self._variants, args)) is not MISS:
+            return out
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:

@@ -32,7 +32,7 @@ import torch.utils._pytree as pytree
 from . import __version__, _native
 from .codegen.jit import link_object, library_symbols
 from .codegen.target import Target
-from .compiled import Guard, NativeCall
+from .compiled import MISS, Guard, NativeCall, call_fast, fast_path
 from .compiler import shared_entries
 from .errors import CuvilError
 from .runtime import Kernel, StepTiming, load_module, set_num_threads
@@ -114,6 +114,8 @@ class SavedModel:
         self.path, self.variants, self._signature = path, variants, signature
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and (out := call_fast(self.variants, args)) is not MISS:
+            return out
         variant, (tensors, symbols) = self._match(args, kwargs)
         return variant.call(tensors, symbols)
 
@@ -145,6 +147,7 @@ class SavedModel:
 class _SavedVariant:
     def __init__(self, guard: Guard, call: NativeCall, step_names: list[str], tracker):
         self.guard, self.call, self.step_names = guard, call, step_names
+        self.fast = fast_path(guard, call)
         self._tracker = tracker       # keeps the linked code alive (the JIT module holds it too)
 
 

@@ -77,7 +77,7 @@ class ModuleBuilder:
     def __init__(self, name: str = "cuvil", debug: bool = True, target: Target | None = None):
         self.target = target or Target.host()
         self.module = ir.Module(name)
-        self.math = MathLib(self.module)
+        self.math = MathLib(self.module, scalef=self.target.has_feature("avx512f"))
         self.unit = self._compile_unit() if debug else None
 
     def _compile_unit(self) -> ir.DIValue:

@@ -60,9 +60,10 @@ def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type], o
 class Ops:
     """Small helpers over an IRBuilder for floating-point code of one type (f32 or f64)."""
 
-    def __init__(self, builder: ir.IRBuilder, ty: ir.Type):
+    def __init__(self, builder: ir.IRBuilder, ty: ir.Type, scalef: bool = False):
         self.b, self.ty = builder, ty
         self.ity = I32 if ty == F32 else I64
+        self.scalef = scalef      # the target scales by 2^n in one instruction (AVX-512 vscalefps)
 
     @property
     def module(self) -> ir.Module:
@@ -128,19 +129,25 @@ class Ops:
 # ----------------------------------------------------------------------------- f32 functions
 
 def _exp(o: Ops, x):
-    # clamp (selects keep NaN), reduce x = n ln2 + r, scale by 2^n in two steps so that results
-    # from 2^-150 (denormal) to 2^128 (overflow to inf) come out right
-    xs = o.sel(o.isnan(x), o.c(0.0), x)
-    xs = o.sel(o.cmp(">", xs, o.c(89.0)), o.c(89.0), xs)
-    xs = o.sel(o.cmp("<", xs, o.c(-104.0)), o.c(-104.0), xs)
+    # clamp, reduce x = n ln2 + r, scale by 2^n so that results from 2^-149 (denormal) to 2^128
+    # (overflow to inf) come out right. Below -104 the result is 0, selected at the end: computing
+    # it would underflow, and an underflow costs a microcode assist of ~100 cycles per vector
+    # (softmax over a causal mask has half its inputs at -inf). A NaN x passes the clamps and makes
+    # the rest poison, which the last select never picks.
+    zero = o.cmp("<", x, o.c(-104.0))
+    xs = o.sel(o.cmp(">", x, o.c(89.0)), o.c(89.0), x)
+    xs = o.sel(zero, o.c(0.0), xs)
     n = o.unary("roundeven", o.mul(xs, o.c(1.4426950408889634)))
     r = o.fma(n, o.c(-LN2_HI), xs)
     r = o.fma(n, o.c(-LN2_LO), r)
     y = o.add(o.c(1.0), o.fma(o.mul(r, r), o.poly(r, EXP), r))
     ni = o.to_int(n)
-    n1 = o.b.ashr(ni, o.ic(1))
-    y = o.mul(o.mul(y, o.pow2(n1)), o.pow2(o.b.sub(ni, n1)))
-    return o.sel(o.isnan(x), x, y)
+    if o.scalef:
+        y = o.b.call(intrinsic(o.module, "ldexp", o.ty, [o.ty, o.ity], [o.ty, o.ity]), [y, ni])
+    else:       # two steps: 2^n alone over- or underflows at the ends of the range
+        n1 = o.b.ashr(ni, o.ic(1))
+        y = o.mul(o.mul(y, o.pow2(n1)), o.pow2(o.b.sub(ni, n1)))
+    return o.sel(o.isnan(x), x, o.sel(zero, o.c(0.0), y))
 
 
 def _log(o: Ops, x):
@@ -346,8 +353,8 @@ F32_FUNCS = {"exp": _exp, "log": _log, "tanh": _tanh, "erf": _erf, "sigmoid": _s
 class MathLib:
     """Adds the math functions a module uses, once each, as `cuvil.math.<name>.f32`."""
 
-    def __init__(self, module: ir.Module):
-        self.module = module
+    def __init__(self, module: ir.Module, scalef: bool = False):
+        self.module, self.scalef = module, scalef
 
     def call(self, builder: ir.IRBuilder, name: str, args: list):
         return builder.call(self.function(name, len(args)), args)
@@ -362,5 +369,5 @@ class MathLib:
         fn.attributes.add("alwaysinline")
         fn.attributes.add("nounwind")
         builder = ir.IRBuilder(fn.append_basic_block("entry"))
-        builder.ret(F32_FUNCS[name](Ops(builder, F32), *fn.args))
+        builder.ret(F32_FUNCS[name](Ops(builder, F32, self.scalef), *fn.args))
         return fn

@@ -37,7 +37,8 @@ The engine refuses (ProgramError) a kernel address its module did not produce, a
 offset or size out of range, a slot or dim count that does not match the kernel, an unbound
 output. `Engine.run(inputs, outputs, symbols, profile)` takes `(address, nbytes)` pairs or
 DLPack tensors, checks sizes (RunError), releases the GIL, and runs independent steps
-concurrently on the pool; it is reentrant. `Engine.capsule()` exports the engine to C
+concurrently on the pool; it is reentrant. With one thread (or one step) and one chunk per step,
+the calling thread runs the steps in the order the queue would, without the queue or the pool. `Engine.capsule()` exports the engine to C
 (`native/include/cuvil/engine_capi.h`).
 """
 from __future__ import annotations

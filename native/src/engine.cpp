@@ -92,6 +92,21 @@ Engine::Engine(std::shared_ptr<const JitModule> module, ProgramDesc program, Eng
         if (step.deps.empty()) roots_.push_back(static_cast<int>(s));
         for (int d : step.deps) plan_[d].successors.push_back(static_cast<int>(s));
     }
+    // The order one thread runs the steps in: of the ready ones, the highest priority first, ties
+    // by step index, as the task queue would.
+    std::vector<int> deps_left(program_.steps.size()), ready = roots_;
+    for (size_t s = 0; s < program_.steps.size(); ++s) deps_left[s] = static_cast<int>(program_.steps[s].deps.size());
+    while (!ready.empty()) {
+        auto first = std::min_element(ready.begin(), ready.end(), [&](int a, int b) {
+            int64_t pa = program_.steps[a].priority, pb = program_.steps[b].priority;
+            return pa != pb ? pa > pb : a < b;
+        });
+        int s = *first;
+        ready.erase(first);
+        serial_order_.push_back(s);
+        for (int t : plan_[s].successors)
+            if (--deps_left[t] == 0) ready.push_back(t);
+    }
 }
 
 Engine::~Engine() {
@@ -264,6 +279,16 @@ public:
         for (int r : e_.roots_) pushed += push_step(r);
         lock.unlock();
         post(pushed - 1);
+    }
+
+    // One chunk per step on one thread: the steps in the queue's order, without the queue, its
+    // lock or the pool.
+    void run_serially() {
+        if (profile) profile->reserve(e_.serial_order_.size());
+        for (int s : e_.serial_order_) {
+            StepTiming timing = execute(Task{0, s, 0}, 0);
+            if (profile) profile->push_back(timing);
+        }
     }
 
     // The calling thread: run tasks of this call until every step is done.
@@ -486,6 +511,10 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
             call->bufs[plan_[s].buf_offset + j] = base[p.steps[s].slots[j]];
 
     if (p.steps.empty()) return;
+    if (total_tasks == p.steps.size() && (threads == 1 || p.steps.size() == 1)) {
+        call->run_serially();
+        return;
+    }
     call->start(total_tasks);
     call->help_until_done();
 }

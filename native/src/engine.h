@@ -143,6 +143,7 @@ private:
     EngineOptions options_;
     std::vector<StepPlan> plan_;
     std::vector<int> roots_;
+    std::vector<int> serial_order_;  // the steps as one thread runs them
     std::vector<int> input_slot_, output_slot_;  // position -> slot index (-1: unused input)
     size_t total_bufs_ = 0, total_dims_ = 0;
 

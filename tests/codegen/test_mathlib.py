@@ -4,9 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+from cuvil.codegen import llvm_emit
 from cuvil.codegen.call import call_kernel
 from cuvil.codegen.jit import compile_kernels
 from cuvil.codegen.kernel_text import parse_kernels
+from cuvil.codegen.mathlib import MathLib
+from cuvil.codegen.target import Target
 
 UNARY = ["exp", "log", "tanh", "erf", "sigmoid", "sin", "cos"]
 # max error in units in the last place of the f32 result, measured against float64
@@ -21,9 +24,23 @@ KERNELS = (
     "  parallel for i in 0..s0 {\n    %out[i] = pow(%a[i], %b[i])\n  }\n}\n")
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    return compile_kernels(parse_kernels(KERNELS), cache=None)
+@pytest.fixture(scope="module", params=["host", "portable"])
+def compiled(request):
+    """The host's code (with AVX-512, exp scales by 2^n with vscalefps), and the portable code
+    that other targets get, run here by withholding the host's scalef."""
+    if request.param == "host":
+        return compile_kernels(parse_kernels(KERNELS), cache=None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llvm_emit, "MathLib", lambda module, scalef: MathLib(module, scalef=False))
+        return compile_kernels(parse_kernels(KERNELS), cache=None)
+
+
+def test_exp_scales_in_one_instruction_only_where_the_target_has_it(compiled, request):
+    # llvm.ldexp is vscalefps with AVX-512; elsewhere it could become a libm call, which kernels
+    # must not make
+    has_ldexp = "@llvm.ldexp" in compiled.llvm_ir_text
+    assert has_ldexp == (request.node.callspec.params["compiled"] == "host" and Target.host().has_feature("avx512f"))
+    assert b"ldexp" not in compiled.object_code          # no libm symbol to import
 
 
 def run_unary(compiled, x):

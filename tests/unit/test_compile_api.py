@@ -205,6 +205,29 @@ def test_guard_refuses_mismatched_calls():
     assert m.num_variants == 1
 
 
+def test_static_fast_path_takes_only_the_calls_the_guard_takes():
+    from cuvil.compiled import MISS
+    net = Net().eval()
+    m = cuvil.compile(net)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        expected = net(x)
+        torch.testing.assert_close(m(x), expected)
+        fast = m._variants[0].fast
+        assert fast is not None
+        torch.testing.assert_close(fast((x,)), m._variants[0].run([x], []), rtol=0, atol=0)
+        # what it leaves to the general path: a copy for a strided input, a subclass, a recompile
+        strided = torch.randn(16, 2).t()
+        parameter = nn.Parameter(x.clone(), requires_grad=False)
+        for call in ((strided,), (parameter,), (x.double(),), (torch.randn(3, 16),), (x, x), ()):
+            assert fast(call) is MISS
+        torch.testing.assert_close(m(strided), net(strided))
+        torch.testing.assert_close(m(parameter), expected)
+        assert m.num_variants == 1
+        torch.testing.assert_close(m(torch.zeros(3, 16)), net(torch.zeros(3, 16)))
+    assert m.num_variants == 2
+
+
 # ----------------------------------------------------------------------------- unsupported ops
 
 def _topk(x):
