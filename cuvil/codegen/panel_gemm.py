@@ -21,7 +21,7 @@ each a contiguous run of k_run = kw * channels floats, one padded input row apar
                                   ptr bias)
 
 The `.bias` and `.relu` variants finish each block of C in registers before storing it: + bias[j]
-for column j, then maximum(C, 0) (NaN stays NaN, -0 becomes +0, like the epilogue loop they
+for column j, then relu as C < 0 ? 0 : C (NaN and -0 pass, as in torch and the epilogue loop they
 replace). The plain variant ignores `bias`.
 """
 from __future__ import annotations
@@ -111,8 +111,9 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
             """The epilogue in registers: x (of type `ty`) + bias at `at`, then relu."""
             if bias:
                 x = b.fadd(x, b.load(b.gep(bias_at, [at], inbounds=True, source_etype=F32), typ=ty, align=4))
-            if relu:
-                x = b.call(_intrinsic(fn.module, "maximum", ty, 2), [x, ir.Constant(ty, None)])
+            if relu:        # x < 0 ? 0 : x, like torch.relu (-0.0 and NaN pass)
+                zero = ir.Constant(ty, None)
+                x = b.select(b.fcmp_ordered("<", x, zero), zero, x)
             return x
         for r in range(count):
             row = b.gep(c, [b.add(b.mul(b.add(first, i64(r)), ldc), column)], inbounds=True, source_etype=F32)

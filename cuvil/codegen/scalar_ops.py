@@ -97,7 +97,10 @@ def _sign(attrs, x):
 
 @emitter("relu")
 def _relu(attrs, x):
-    return call("max", x, const(0, x.dtype))
+    if not x.dtype.is_float:
+        return call("max", x, const(0, x.dtype))
+    zero = const(0.0, x.dtype)     # x < 0 ? 0 : x keeps -0.0 and NaN as torch does (max gives +0.0)
+    return call("select", call("lt", x, zero), zero, x)
 
 
 @emitter("silu", reuses=True)

@@ -90,9 +90,12 @@ def rand(*shape, dtype=torch.float32, seed=0):
 
 def test_unary(compiled):
     x = rand(11, 7)
-    x[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    x[0, :5] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0])
     for out, (name, fn) in zip(run(GRAPHS["unary"], compiled, x), UNARY.items()):
         torch.testing.assert_close(out, fn(x), equal_nan=True, msg=name)
+        if name in ("neg", "abs", "relu", "sqrt", "sin", "tanh", "floor", "ceil", "round"):   # signed zeros too
+            zeros = fn(x) == 0
+            assert torch.equal(out[zeros].signbit(), fn(x)[zeros].signbit()), name
 
 
 @pytest.mark.parametrize("s0, s1", [(3, 5), (1, 17), (6, 1)])

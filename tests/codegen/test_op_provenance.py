@@ -17,7 +17,7 @@ from cuvil.ir import DType
 
 from codegen_helpers import Graph, T
 
-MAX = {"x86_64": r"\bv?maxps\b", "aarch64": r"\bfmax\b"}
+RELU = {"x86_64": r"\bv?maxps\b", "aarch64": r"\bfcmlt\b"}     # relu: x < 0 ? 0 : x
 ADD = {"x86_64": r"\bv?addps\b", "aarch64": r"\bfadd\b"}
 
 
@@ -52,7 +52,7 @@ def code_of(compiled, view: str) -> dict[int, list[str]]:
 def test_kernel_ir_lines_per_op(compiled):
     g, ops, ck = compiled
     ir = code_of(ck, "kernel_ir")
-    store = [line for line in ck.kernel_ir(g.kernels[0].name).splitlines() if "= add(max(add(" in line]
+    store = [line for line in ck.kernel_ir(g.kernels[0].name).splitlines() if "= add(select(lt(add(" in line]
     gemm = [line for line in ck.kernel_ir(g.kernels[0].name).splitlines() if line.strip().startswith("gemm ")]
     assert len(store) == 1 and len(gemm) == 1
     # the linear made the GEMM and the bias add in the epilogue; relu and add only the epilogue's store
@@ -64,14 +64,14 @@ def test_assembly_lines_per_op(compiled):
     g, ops, ck = compiled
     arch = Target.host().arch
     asm = code_of(ck, "asm")
-    assert any(re.search(MAX[arch], line) for line in asm[ops["relu"]])
+    assert any(re.search(RELU[arch], line) for line in asm[ops["relu"]])
     assert any(re.search(r"call\w*\s+\*?scipy_cblas_sgemm", line) for line in asm[ops["linear"]])
     assert any(re.search(ADD[arch], line) for line in asm[ops["add"]])
-    # and nowhere else: the only max is the relu's, the only GEMM call the linear's
+    # and nowhere else: the only vmaxps is the relu's, the only GEMM call the linear's
     (name,) = ck.kernels
     every = ck.asm(name).splitlines()
-    assert sorted(line for line in every if re.search(MAX[arch], line)) == sorted(
-        line for line in asm[ops["relu"]] if re.search(MAX[arch], line))
+    assert sorted(line for line in every if re.search(RELU[arch], line)) == sorted(
+        line for line in asm[ops["relu"]] if re.search(RELU[arch], line))
     assert not any("sgemm" in line for op in ("relu", "add") for line in asm[ops[op]])
 
 
@@ -148,4 +148,4 @@ def test_cross_target_assembly_has_op_lines():
     relu = next(op.id for op in lk.ops if op.name == "cuvil.relu")
     ck = compile_kernels([lk.kernel], target=Target.cross("aarch64"), cache=None)
     asm = code_of(ck, "asm")
-    assert any(re.search(MAX["aarch64"], line) for line in asm[relu])
+    assert any(re.search(RELU["aarch64"], line) for line in asm[relu])
