@@ -66,7 +66,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     acc = [[b.alloca(vec, name=f"acc{r}.{v}") for v in range(vectors)] for r in range(rows)]
-    tile = b.alloca(vec, size=ir.Constant(I64, vectors), name="tile")   # a partial panel's row, then copied
+    tile = b.alloca(vec, size=ir.Constant(I64, rows * vectors), name="tile")   # a partial panel, then copied
     tile_floats = b.bitcast(tile, F32.as_pointer())
     i64 = lambda x: ir.Constant(I64, x)   # noqa: E731
     zero = ir.Constant(vec, None)
@@ -115,33 +115,44 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
                 zero = ir.Constant(ty, None)
                 x = b.select(b.fcmp_ordered("<", x, zero), zero, x)
             return x
-        for r in range(count):
-            row = b.gep(c, [b.add(b.mul(b.add(first, i64(r)), ldc), column)], inbounds=True, source_etype=F32)
-            with b.if_else(whole) as (then, otherwise):
-                with then:
+        corner = b.gep(c, [b.add(b.mul(first, ldc), column)], inbounds=True, source_etype=F32)
+        with b.if_else(whole) as (then, otherwise):
+            with then:
+                for r in range(count):
+                    row = b.gep(corner, [b.mul(i64(r), ldc)], inbounds=True, source_etype=F32)
                     for v in range(vectors):
                         b.store(finish(b.load(acc[r][v], typ=vec), i64(v * lanes), vec),
                                 b.gep(row, [i64(v * lanes)], inbounds=True, source_etype=F32), align=4)
-                with otherwise:      # the last, partial panel: through the stack, then `left` floats
+            with otherwise:      # the last, partial panel: through the stack, then `left` floats a row
+                for r in range(count):
                     for v in range(vectors):
-                        b.store(b.load(acc[r][v], typ=vec), b.gep(tile, [i64(v)], inbounds=True, source_etype=vec))
+                        b.store(b.load(acc[r][v], typ=vec),
+                                b.gep(tile, [i64(r * vectors + v)], inbounds=True, source_etype=vec))
+
+                def copy_row(r):
+                    row, kept = (b.gep(base, [b.mul(r, stride)], inbounds=True, source_etype=F32)
+                                 for base, stride in ((corner, ldc), (tile_floats, i64(width))))
+                    # one scalar loop for every row count: once per call, not worth vectorising
                     for_range(b, i64(0), left, i64(1), "j", lambda j: b.store(
-                        finish(b.load(b.gep(tile_floats, [j], inbounds=True, source_etype=F32), typ=F32), j, F32),
-                        b.gep(row, [j], inbounds=True, source_etype=F32)))
+                        finish(b.load(b.gep(kept, [j], inbounds=True, source_etype=F32), typ=F32), j, F32),
+                        b.gep(row, [j], inbounds=True, source_etype=F32)),
+                        ("llvm.loop.vectorize.width", 1), ("llvm.loop.unroll.disable",))
+                for_range(b, i64(0), i64(count), i64(1), "r", copy_row, ("llvm.loop.unroll.disable",))
 
     panels = b.sdiv(b.add(n, i64(width - 1)), i64(width))
     full = b.mul(b.sdiv(m, i64(rows)), i64(rows))
 
+    # the last rows (fewer than `rows`) in blocks of 4, then of 1: two more block variants to
+    # generate instead of rows - 1. Every variant is unrolled into its own code, and LLVM's time
+    # on the function grows with their total rows (12 + 4 + 1 here, 12 + 8 + 4 + 2 + 1 before).
+    fours = b.add(full, b.mul(b.sdiv(b.sub(m, full), i64(4)), i64(4))) if rows > 4 else full
+
     def panel(p):
         for_range(b, i64(0), full, i64(rows), "i", lambda first: block(p, first, rows))
-        # the last rows in blocks of the powers of two in their count: log2(rows) more block
-        # variants to generate instead of rows - 1 (each streams the panel once more)
-        rest = b.sub(m, full)
-        part = 1 << (rows - 1).bit_length() - 1 if rows > 1 else 0
-        while part:
-            with b.if_then(b.icmp_signed("!=", b.and_(rest, i64(part)), i64(0))):
-                block(p, b.add(full, b.and_(rest, i64(~(2 * part - 1)))), part)
-            part >>= 1
+        if rows > 4:
+            for_range(b, full, fours, i64(4), "i4", lambda first: block(p, first, 4))
+        if rows > 1:
+            for_range(b, fours, m, i64(1), "i1", lambda first: block(p, first, 1))
     for_range(b, i64(0), panels, i64(1), "p", panel)
     b.ret_void()
 
