@@ -38,7 +38,9 @@ offset or size out of range, a slot or dim count that does not match the kernel,
 output. `Engine.run(inputs, outputs, symbols, profile)` takes `(address, nbytes)` pairs or
 DLPack tensors, checks sizes (RunError), releases the GIL, and runs independent steps
 concurrently on the pool; it is reentrant. With one thread (or one step) and one chunk per step,
-the calling thread runs the steps in the order the queue would, without the queue or the pool. `Engine.capsule()` exports the engine to C
+the calling thread runs the steps in the order the queue would, without the queue or the pool.
+A thread out of work (a pool worker, or a caller waiting on the pool) polls for `spin_us()`
+microseconds before it sleeps: `$CUVIL_SPIN_US` when the pool starts, default 50. `Engine.capsule()` exports the engine to C
 (`native/include/cuvil/engine_capi.h`).
 """
 from __future__ import annotations

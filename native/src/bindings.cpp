@@ -395,6 +395,8 @@ PYBIND11_MODULE(_native, m) {
         },
         py::arg("n"));
     m.def("default_num_threads", &Pool::default_threads, "The CPUs this process may run on.");
+    m.def("spin_us", [] { return static_cast<int64_t>(Pool::get().spin().count()); },
+          "Microseconds a thread out of work polls before it sleeps ($CUVIL_SPIN_US when the pool started).");
 
     py::class_<JitModule, std::shared_ptr<JitModule>>(m, "JitModule",
                                                       "The kernels of one JIT-compiled module; `owner` keeps their code alive.")

@@ -301,8 +301,12 @@ public:
                 lock.unlock();
                 drive(t, 0);
                 lock.lock();
-            } else {
-                wake_.wait(lock);
+            } else {  // the pool has the rest: poll a while for its progress, then sleep
+                uint64_t seen = progress_.load(std::memory_order_relaxed);
+                lock.unlock();
+                spin_until([&] { return progress_.load(std::memory_order_acquire) != seen; }, Pool::get().spin());
+                lock.lock();
+                if (progress_.load(std::memory_order_relaxed) == seen) wake_.wait(lock);
             }
         }
     }
@@ -332,6 +336,7 @@ private:
                         if (--deps_left_[s] == 0) pushed += push_step(s);
                 }
                 --inflight_;
+                progress_.fetch_add(1, std::memory_order_release);
                 more = pop(t);
                 if (more && pushed > 0) --pushed;
                 wake_caller = pushed > 0 || (steps_left_ == 0 && inflight_ == 0);
@@ -401,6 +406,7 @@ private:
     std::vector<int> deps_left_, chunks_left_;
     int steps_left_ = 0;
     int inflight_ = 0;
+    std::atomic<uint64_t> progress_{0};  // tasks finished (changed under mutex_; polled without it)
 };
 
 // ---------------------------------------------------------------------------------------------

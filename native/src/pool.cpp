@@ -3,6 +3,9 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace cuvil {
 
 namespace {
@@ -37,7 +40,17 @@ Pool& Pool::get() {
     return *pool;
 }
 
-Pool::Pool(int threads) { set_threads(threads); }
+namespace {
+std::chrono::microseconds spin_from_env() {
+    const char* text = std::getenv("CUVIL_SPIN_US");
+    if (!text || !*text) return std::chrono::microseconds{50};
+    char* end = nullptr;
+    long us = std::strtol(text, &end, 10);
+    return std::chrono::microseconds{(*end || us < 0) ? 50 : std::min(us, 100000L)};
+}
+}  // namespace
+
+Pool::Pool(int threads) : spin_(spin_from_env()) { set_threads(threads); }
 
 void Pool::set_threads(int threads) {
     std::lock_guard<std::mutex> resize(resize_mutex_);
@@ -52,6 +65,7 @@ void Pool::post(const std::shared_ptr<TaskSource>& source, int tickets) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         for (int i = 0; i < tickets; ++i) tickets_.push_back(source);
+        pending_.store(tickets_.size(), std::memory_order_release);
     }
     if (tickets == 1)
         wake_.notify_one();
@@ -59,17 +73,25 @@ void Pool::post(const std::shared_ptr<TaskSource>& source, int tickets) {
         wake_.notify_all();
 }
 
+bool Pool::spin_for_tickets(const std::stop_token& stop) const {
+    return spin_until([&] { return pending_.load(std::memory_order_acquire) > 0 || stop.stop_requested(); }, spin_);
+}
+
 void Pool::work(std::stop_token stop, int worker) {
     tl_worker = worker;
+    bool busy = false;  // ran a task just now: poll a while before sleeping
     for (;;) {
+        if (busy) spin_for_tickets(stop);
         std::shared_ptr<TaskSource> source;
         {
             std::unique_lock<std::mutex> lock(mutex_);
             if (!wake_.wait(lock, stop, [this] { return !tickets_.empty(); })) return;
             source = std::move(tickets_.front());
             tickets_.pop_front();
+            pending_.store(tickets_.size(), std::memory_order_release);
         }
         source->run_one(worker);
+        busy = true;
     }
 }
 

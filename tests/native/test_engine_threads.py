@@ -1,4 +1,7 @@
 """Reentrancy, GIL release and inter-step parallelism of the native engine."""
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -98,3 +101,37 @@ def test_pool_size_is_checked():
         with pytest.raises(ValueError, match=f"set_num_threads: expected 1 to 1024 threads, got {bad}"):
             _native.set_num_threads(bad)
     assert _native.get_num_threads() >= 1
+
+
+
+SPIN_CHECK = """
+import sys, torch
+sys.path.insert(0, {helpers!r})
+from cuvil import _native
+from cuvil.runtime import Executable, set_num_threads
+from engine_helpers import K, N, dag_program, dag_reference
+from native_jit import jit
+set_num_threads(2)
+w = torch.randint(-3, 4, (K, N), generator=torch.Generator().manual_seed(7)).float()
+exe = Executable(dag_program(w), jit()[1], min_chunk_ns=1)
+g = torch.Generator().manual_seed(3)
+for rows in (300, 17, 1000):
+    a, b = torch.randn(rows, K, generator=g), torch.randn(rows, K, generator=g)
+    (gemm, elementwise), (gemm_ref, elementwise_ref) = exe(a, b), dag_reference(a, b, w)
+    torch.testing.assert_close(gemm, gemm_ref)
+    assert torch.equal(elementwise, elementwise_ref)
+print(_native.spin_us())
+"""
+
+
+@pytest.mark.parametrize("setting, spin", [("0", 0), ("200", 200), ("junk", 50), (None, 50)])
+def test_spin_setting_is_read_and_results_do_not_depend_on_it(setting, spin, tmp_path):
+    """$CUVIL_SPIN_US: how long an idle thread polls before it sleeps (a latency/idle-CPU trade)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUVIL_SPIN_US"}
+    if setting is not None:
+        env["CUVIL_SPIN_US"] = setting
+    script = tmp_path / "spin.py"
+    script.write_text(SPIN_CHECK.format(helpers=os.path.dirname(__file__)))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == spin
