@@ -145,7 +145,8 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
 
     # the last rows (fewer than `rows`) in blocks of 4, then of 1: two more block variants to
     # generate instead of rows - 1. Every variant is unrolled into its own code, and LLVM's time
-    # on the function grows with their total rows (12 + 4 + 1 here, 12 + 8 + 4 + 2 + 1 before).
+    # on the function grows with their total rows (12 + 4 + 1 here, against 12 + 8 + 4 + 2 + 1 with
+    # blocks of every power of two: a third less LLVM time for the same speed).
     fours = b.add(full, b.mul(b.sdiv(b.sub(m, full), i64(4)), i64(4))) if rows > 4 else full
 
     def panel(p):
