@@ -10,6 +10,7 @@ stays loaded as long as the `CompiledKernels` object lives.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import itertools
@@ -113,8 +114,7 @@ class CompiledKernels:
     def _asm_lines(self, name: str) -> "CodeLines":
         if self._asm_functions is None:
             with _llvm_lock:
-                mod = llvm.parse_assembly(self.llvm_ir_text)
-                asm = self.target.target_machine().emit_assembly(mod)
+                asm = emit(self.target, llvm.parse_assembly(self.llvm_ir_text), assembly=True)
             self._asm_functions = {sym: CodeLines.of_asm(text) for sym, text in _split(ASM_FUNCTION, asm).items()}
         return _function(self._asm_functions, self.symbols[name], "assembly")
 
@@ -210,6 +210,29 @@ def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, opt_level: int = 3) ->
     pto.slp_vectorization = opt_level >= 2
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
+
+
+def emit(target: Target, mod: llvm.ModuleRef, assembly: bool = False, tm: llvm.TargetMachine | None = None):
+    """Code generation: `mod` (optimised) as object code, or as assembly text."""
+    tm = tm or target.target_machine()
+    with _codegen_options(target):
+        return tm.emit_assembly(mod) if assembly else tm.emit_object(mod)
+
+
+@contextlib.contextmanager
+def _codegen_options(target: Target):
+    # x86-64: no Loop Strength Reduction. Cuvil's loops step few, simple induction variables and
+    # measured no faster with it (MLP, CNN, BERT-small, the chain), while LSR took half of code
+    # generation on the CNN (0.13 of 0.24 s). It is an LLVM command-line option, global to the
+    # process, so it is set only around Cuvil's own code generation (under the LLVM lock).
+    if target.arch != "x86_64":
+        yield
+        return
+    llvm.set_option("cuvil", "-disable-lsr=true")
+    try:
+        yield
+    finally:
+        llvm.set_option("cuvil", "-disable-lsr=false")
 
 
 def _lljit():
@@ -317,7 +340,7 @@ def _compile_object(kernels, symbols, lines, target: Target, opt_level: int, tim
     timings["optimize"] = time.perf_counter() - t
     llvm_ir = str(mod)
     t = time.perf_counter()
-    obj = tm.emit_object(mod)
+    obj = emit(target, mod, tm=tm)
     timings["codegen"] = time.perf_counter() - t
     return CacheEntry(obj, llvm_ir)
 

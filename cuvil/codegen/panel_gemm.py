@@ -89,8 +89,8 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
             a_run = [b.gep(row, [b.mul(j, k_run_stride)], inbounds=True, source_etype=F32) for row in rows_of_a]
             b_run = b.gep(panel, [b.mul(b.mul(j, k_run), i64(width))], inbounds=True, source_etype=F32)
 
-            def step(kk):
-                at = b.gep(b_run, [b.mul(kk, i64(width))], inbounds=True, source_etype=F32)
+            def step(kk, at):       # `at`: the panel at kk, a pointer stepped by the loop itself, so
+                # that the loop needs no strength reduction (code generation runs without it on x86)
                 bv = [b.load(b.gep(at, [i64(v * lanes)], inbounds=True, source_etype=F32), typ=vec, align=4)
                       for v in range(vectors)]
                 for r in range(count):
@@ -98,10 +98,11 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
                     xs = b.shuffle_vector(b.insert_element(undef, x, ir.Constant(I32, 0)), undef, splat_mask)
                     for v in range(vectors):
                         b.store(b.call(fma, [xs, bv[v], b.load(acc[r][v], typ=vec)]), acc[r][v])
+                return b.gep(at, [i64(width)], inbounds=True, source_etype=F32)
             # not unrolled: a short constant run (an RGB stem's 9) would be unrolled fully in every
             # row-block variant (compile time tenfold), and unrolling by 2 measured no faster than
             # the loop (one FMA per row and vector already fills an iteration) for 15% more LLVM time
-            for_range(b, i64(0), k_run, i64(1), "k", step, ("llvm.loop.unroll.disable",))
+            for_range(b, i64(0), k_run, i64(1), "k", step, ("llvm.loop.unroll.disable",), carry=b_run)
         for_range(b, i64(0), b.sdiv(k, k_run), i64(1), "run", run, ("llvm.loop.unroll.disable",))
         column = b.mul(p, i64(width))
         left = b.sub(n, column)
@@ -160,17 +161,25 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
 
 
 def for_range(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: str,
-              body: Callable[[ir.Value], None], *loop_properties: tuple) -> None:
-    """for (i = lo; i < hi; i += step) body(i), with LLVM loop properties (`loop_metadata`)"""
+              body: Callable, *loop_properties: tuple, carry: ir.Value | None = None) -> None:
+    """for (i = lo; i < hi; i += step) body(i), with LLVM loop properties (`loop_metadata`).
+    With `carry`, a value carried around the loop: body(i, value) returns the next iteration's."""
     pre = b.block
     header, inner, exit_ = (b.function.append_basic_block(f"{name}.{part}") for part in ("header", "body", "exit"))
     b.branch(header)
     b.position_at_end(header)
     i = b.phi(I64, name=name)
     i.add_incoming(lo, pre)
+    carried = None
+    if carry is not None:
+        carried = b.phi(carry.type, name=name + ".carry")
+        carried.add_incoming(carry, pre)
     b.cbranch(b.icmp_signed("<", i, hi), inner, exit_)
     b.position_at_end(inner)
-    body(i)
+    if carried is None:
+        body(i)
+    else:
+        carried.add_incoming(body(i, carried), b.block)
     i.add_incoming(b.add(i, step, flags=["nsw"]), b.block)
     latch = b.branch(header)
     if loop_properties:

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from ..errors import CuvilError
-from .jit import build_module, optimize
+from .jit import build_module, emit, optimize
 from .kernel_ir import verify_kernel
 from .kernel_text import parse_kernels, print_kernels
 from .target import Target
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
             tm = target.target_machine()
             mod.data_layout = str(tm.target_data)
             optimize(mod, tm)
-        sys.stdout.write(tm.emit_assembly(mod) if args.emit == "asm" else str(mod))
+        sys.stdout.write(emit(target, mod, assembly=True, tm=tm) if args.emit == "asm" else str(mod))
         return 0
     except (CuvilError, OSError) as e:
         print(f"cuvil-kernel: {e}", file=sys.stderr)

@@ -112,6 +112,25 @@ def test_avx512_hosts_get_512_bit_vectors():
     assert re.search(r"vaddps\s+[^\n]*%zmm", asm), asm
 
 
+def test_x86_codegen_options_reach_the_shown_code_and_stay_inside_cuvil():
+    import llvmlite.binding as llvm
+    host = Target.host()
+    if host.arch != "x86_64":
+        pytest.skip("the code generation options are x86-64's")
+    compiled = compile_kernels(parse_kernels(ADD_RELU + TOTAL), cache=None)
+
+    def plain_asm():
+        return host.target_machine().emit_assembly(llvm.parse_assembly(compiled.llvm_ir_text))
+    before = plain_asm()
+    shown = jit_module.emit(host, llvm.parse_assembly(compiled.llvm_ir_text), assembly=True)
+    assert shown != before                      # Cuvil's options change these loops' code ...
+    assert plain_asm() == before                # ... and are set back for other LLVM users afterwards
+    # the object that runs is the one the shown assembly describes: same module, same options
+    assert jit_module.emit(host, llvm.parse_assembly(compiled.llvm_ir_text)) == compiled.object_code
+    shown_lines = iter(shown.splitlines())             # the kernel's view: the same lines, in order
+    assert all(line in shown_lines for line in compiled.asm("add_relu").splitlines())
+
+
 @pytest.mark.parametrize("arch, vector_insn", [("aarch64", r"fmax\s+v\d+\.4s"), ("riscv64", r"vf(max|add)\.v")])
 def test_cross_targets_emit_objects_and_vector_assembly(arch, vector_insn):
     target = Target.cross(arch)
