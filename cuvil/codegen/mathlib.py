@@ -128,26 +128,40 @@ class Ops:
 
 # ----------------------------------------------------------------------------- f32 functions
 
-def _exp(o: Ops, x):
-    # clamp, reduce x = n ln2 + r, scale by 2^n so that results from 2^-149 (denormal) to 2^128
-    # (overflow to inf) come out right. Below -104 the result is 0, selected at the end: computing
-    # it would underflow, and an underflow costs a microcode assist of ~100 cycles per vector
-    # (softmax over a causal mask has half its inputs at -inf). A NaN x passes the clamps and makes
-    # the rest poison, which the last select never picks.
-    zero = o.cmp("<", x, o.c(-104.0))
-    xs = o.sel(o.cmp(">", x, o.c(89.0)), o.c(89.0), x)
-    xs = o.sel(zero, o.c(0.0), xs)
-    n = o.unary("roundeven", o.mul(xs, o.c(1.4426950408889634)))
+def _exp(o: Ops, x, low: bool = True, high: bool = True):
+    # reduce x = n ln2 + r, then scale by 2^n, so that results from 2^-149 (denormal) to 2^128
+    # (overflow to inf) come out right. `low` / `high`: x may lie below -104 / above 89 (callers
+    # that know their range leave the clamps out). Below -104 the result is 0, selected at the end:
+    # computing it would underflow, and an underflow costs a microcode assist of ~100 cycles per
+    # vector (softmax over a causal mask has half its inputs at -inf). A NaN passes the clamps and
+    # every step after them, and comes out NaN.
+    xs = o.sel(o.cmp(">", x, o.c(89.0)), o.c(89.0), x) if high else x
+    if low:
+        zero = o.cmp("<", x, o.c(-104.0))
+        xs = o.sel(zero, o.c(0.0), xs)
+    n, ni = _round_log2e(o, xs)
     r = o.fma(n, o.c(-LN2_HI), xs)
     r = o.fma(n, o.c(-LN2_LO), r)
     y = o.add(o.c(1.0), o.fma(o.mul(r, r), o.poly(r, EXP), r))
-    ni = o.to_int(n)
     if o.scalef:
         y = o.b.call(intrinsic(o.module, "ldexp", o.ty, [o.ty, o.ity], [o.ty, o.ity]), [y, ni])
     else:       # two steps: 2^n alone over- or underflows at the ends of the range
         n1 = o.b.ashr(ni, o.ic(1))
         y = o.mul(o.mul(y, o.pow2(n1)), o.pow2(o.b.sub(ni, n1)))
-    return o.sel(o.isnan(x), x, o.sel(zero, o.c(0.0), y))
+    return o.sel(zero, o.c(0.0), y) if low else y
+
+
+SHIFTER = 12582912.0        # 1.5 * 2^23: adding it rounds an f32 of magnitude below 2^22 to an integer
+
+
+def _round_log2e(o: Ops, x):
+    """n = x / ln 2 rounded to an integer, as a float and as an integer (|x| < 2^21). The integer
+    is read from the bits of the shifted sum, not converted from the float: no conversion, and a
+    NaN x gives some integer instead of poison."""
+    t = o.fma(x, o.c(1.4426950408889634), o.c(SHIFTER))
+    n = o.sub(t, o.c(SHIFTER))
+    ni = o.b.sub(o.b.bitcast(t, o.ity), o.b.bitcast(o.c(SHIFTER), o.ity))
+    return n, ni
 
 
 def _log(o: Ops, x):
@@ -176,7 +190,7 @@ def _tanh(o: Ops, x):
     z = o.unary("fabs", x)
     z2 = o.mul(z, z)
     small = o.fma(o.mul(z, z2), o.poly(z2, TANH), z)
-    large = o.sub(o.c(1.0), o.div(o.c(2.0), o.add(_exp(o, o.add(z, z)), o.c(1.0))))
+    large = o.sub(o.c(1.0), o.div(o.c(2.0), o.add(_exp(o, o.add(z, z), low=False), o.c(1.0))))
     return o.binary("copysign", o.sel(o.cmp("<", z, o.c(0.625)), small, large), x)   # odd, -0 stays -0
 
 
@@ -185,13 +199,13 @@ def _erf(o: Ops, x):
     small = o.mul(x, o.poly(o.mul(x, x), ERF_SMALL))
     zc = o.sel(o.cmp(">", z, o.c(4.0)), o.c(4.0), z)
     q = o.div(o.c(1.0), zc)
-    erfc = o.mul(o.mul(_exp(o, o.mul(o.b.fneg(zc), zc)), q), o.poly(q, ERFC_LARGE))
+    erfc = o.mul(o.mul(_exp(o, o.mul(o.b.fneg(zc), zc), low=False, high=False), q), o.poly(q, ERFC_LARGE))
     return o.sel(o.cmp("<", z, o.c(1.0)), small, o.binary("copysign", o.sub(o.c(1.0), erfc), x))
 
 
 def _sigmoid(o: Ops, x):
     # e = exp(-|x|) never overflows; sigmoid = 1/(1+e) for x >= 0 and e/(1+e) below (keeps denormals)
-    e = _exp(o, o.b.fneg(o.unary("fabs", x)))
+    e = _exp(o, o.b.fneg(o.unary("fabs", x)), high=False)
     s = o.div(o.c(1.0), o.add(o.c(1.0), e))
     return o.sel(o.cmp("<", x, o.c(0.0)), o.mul(e, s), s)
 
