@@ -359,6 +359,7 @@ class BufRef:
 
 GEMM_INTS = ("m", "n", "k", "lda", "ldb", "ldc")
 GEMM_WINDOW = ("a_rows", "a_rows_stride", "k_run", "k_run_stride")
+GEMM_TAPS = ("k_row_runs", "k_run_step")      # a dilated window's runs: see Gemm
 GEMM_EPILOGUE = ("bias", "relu")
 
 
@@ -370,7 +371,9 @@ class Gemm(Stmt):
     that many columns (`panel_gemm.py`; `b` points at the first panel the call uses, `ldb` is
     unused) and the call is C = A @ B. Such a call may read A through a window, all four of
     GEMM_WINDOW given: A[r][kk] = a[(r / a_rows) * a_rows_stride + (r % a_rows) * lda +
-    (kk / k_run) * k_run_stride + kk % k_run] (a convolution as an implicit GEMM). It may also
+    (j / k_row_runs) * k_run_stride + (j % k_row_runs) * k_run_step + kk % k_run] with
+    j = kk / k_run (a convolution as an implicit GEMM: k_row_runs runs of k_run floats per kernel
+    row, k_run_step apart, a dilated row's taps; one run per row unless GEMM_TAPS say). It may also
     finish C in registers before storing it (GEMM_EPILOGUE): add `bias`, a vector of n floats
     (C[i, j] += bias[j]), then `relu` (C = maximum(C, 0), NaN kept), in that order."""
     c: BufRef
@@ -391,6 +394,8 @@ class Gemm(Stmt):
     a_rows_stride: Dim | None = None
     k_run: Dim | None = None
     k_run_stride: Dim | None = None
+    k_row_runs: Dim = 1
+    k_run_step: Dim = 0
     bias: BufRef | None = None
     relu: bool = False
 
@@ -402,8 +407,10 @@ class Gemm(Stmt):
         window = [getattr(self, f) is not None for f in GEMM_WINDOW]
         if any(window) and not (all(window) and self.b_panels):
             raise ValueError(f"a windowed A needs all of {', '.join(GEMM_WINDOW)} and b_panels")
-        for name in GEMM_INTS + (GEMM_WINDOW if all(window) else ()):
+        for name in GEMM_INTS + GEMM_TAPS + (GEMM_WINDOW if all(window) else ()):
             setattr(self, name, as_index(getattr(self, name)))
+        if self.dilated and not all(window):
+            raise ValueError(f"{' and '.join(GEMM_TAPS)} describe a windowed A: give {', '.join(GEMM_WINDOW)} too")
         if (self.bias is not None or self.relu) and not self.b_panels:
             raise ValueError(f"only a gemm with b_panels applies {' and '.join(GEMM_EPILOGUE)} in registers")
         for name in self.operand_names:
@@ -411,6 +418,16 @@ class Gemm(Stmt):
             if ref.buf.dtype != DType.f32:
                 raise ValueError(f"gemm operand {name}=%{ref.buf.name} must be f32, not {ref.buf.dtype}")
         self.alpha, self.beta = float(self.alpha), float(self.beta)
+
+    @property
+    def index_fields(self) -> tuple[str, ...]:
+        """The names of the integer fields in use (sizes, strides, the window's)."""
+        return GEMM_INTS + (GEMM_WINDOW + GEMM_TAPS if self.a_rows is not None else ())
+
+    @property
+    def dilated(self) -> bool:
+        """A window of more than one run per kernel row (GEMM_TAPS other than 1 and 0)."""
+        return sympy.sympify(self.k_row_runs) != 1 or sympy.sympify(self.k_run_step) != 0
 
     @property
     def operand_names(self) -> tuple[str, ...]:
@@ -548,7 +565,7 @@ class _KernelVerifier:
                     raise self.fail(f"gemm writes into input buffer %{s.c.buf.name}")
                 if s.bias is not None and s.bias.buf.strides is not None:
                     raise self.fail(f"gemm bias %{s.bias.buf.name} must be a contiguous buffer")
-                for f in GEMM_INTS:
+                for f in s.index_fields:
                     self.index(getattr(s, f), loops, f"gemm {f}")
             else:
                 raise self.fail(f"unknown statement {s!r}")
@@ -628,7 +645,7 @@ def index_names(stmts) -> set[str]:
                         out.update(free_symbols(i))
                 expr(s.value)
             elif isinstance(s, Gemm):
-                for f in GEMM_INTS:
+                for f in s.index_fields:
                     out.update(free_symbols(getattr(s, f)))
                 for name in s.operand_names:
                     out.update(free_symbols(getattr(s, name).offset))

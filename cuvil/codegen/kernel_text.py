@@ -29,8 +29,9 @@ import sympy
 
 from ..errors import CuvilParseError
 from ..ir.types import DType, sym
-from .kernel_ir import (FUNCS, GEMM_INTS, GEMM_WINDOW, REDUCE_KINDS, ROLES, BufRef, Buffer, Call, Cast, Const, Expr,
-                        Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var, loop_var, operands)
+from .kernel_ir import (FUNCS, GEMM_INTS, GEMM_TAPS, GEMM_WINDOW, REDUCE_KINDS, ROLES, BufRef, Buffer, Call, Cast,
+                        Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var, loop_var,
+                        operands)
 
 INDENT = "  "
 
@@ -207,6 +208,7 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
                     f"alpha={format_float(s.alpha)}", f"beta={format_float(s.beta)}"] + \
                 ([f"b_panels={s.b_panels}"] if s.b_panels else []) + \
                 ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_WINDOW] if s.a_rows is not None else []) + \
+                ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_TAPS] if s.dilated else []) + \
                 ([f"bias=%{names(s.bias.buf.name, 'b')}[{index_str(s.bias.offset)}]"] if s.bias is not None else []) + \
                 (["relu=true"] if s.relu else [])
             lines.append(f"{pad}gemm {', '.join(refs + ints + rest)}")
@@ -558,7 +560,7 @@ class _Parser:
                 off = self.index_expr()
                 self.expect("]")
                 fields[key.text] = BufRef(buf, off)
-            elif key.text in GEMM_INTS + GEMM_WINDOW:
+            elif key.text in GEMM_INTS + GEMM_WINDOW + GEMM_TAPS:
                 fields[key.text] = self.index_expr()
             elif key.text == "b_panels":
                 width = self.expect_kind("num", "a panel width")

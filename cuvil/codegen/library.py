@@ -13,7 +13,7 @@ and window ops (pooling, direct convolution).
 
 Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
 unpadded ungrouped convolutions, an implicit GEMM on the panel microkernel for the NHWC ones whose
-weight the `layout` pass blocked in panels (not depthwise, no dilation), a direct kernel when the
+weight the `layout` pass blocked in panels (all but depthwise ones), a direct kernel when the
 reduction per output element is small (depthwise, or in_channels/groups * kh * kw <= 16), im2col +
 GEMM otherwise.
 """
@@ -496,14 +496,14 @@ def conv2d_im2col(lw, op):
 
 
 def conv2d_implicit(lw, op):
-    """NHWC convolution without dilation, weight in panels per group (`pack_conv_panels`), as an
-    implicit GEMM. Per image, group and tile of output rows, the input rows the tile reads (the
-    group's channels) are copied once into a zero-padded scratch (im2col copies each input element
-    kh*kw times instead); the panel GEMM then reads its A rows, one per output position, as windows
-    of that copy: each kernel row of a window is kw * C contiguous floats, a padded input row apart
-    from the next."""
+    """NHWC convolution, weight in panels per group (`pack_conv_panels`), as an implicit GEMM. Per
+    image, group and tile of output rows, the input rows the tile reads (the group's channels) are
+    copied once into a zero-padded scratch (im2col copies each input element kh*kw times instead);
+    the panel GEMM then reads its A rows, one per output position, as windows of that copy: each
+    kernel row of a window is kw * C contiguous floats, a padded input row (times the dilation)
+    apart from the next; dilated along the width, it is kw runs of C floats, dilation * C apart."""
     _require_f32(op)
-    (sh, sw), (ph, pw), _, groups = _conv_attrs(op)
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_attrs(op)
     x, w = op.operands[:2]
     T = _raw_buffer(lw, op)
     _materialize(lw, op, T, 3)
@@ -515,16 +515,19 @@ def conv2d_implicit(lw, op):
     panels_g = -(-oc_g // width)
     tile_rows = _tile_rows(OH, OW)
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
-    in_rows, Wp = (tile_rows - 1) * sh + KH, norm_dim((sympy.sympify(OW) - 1) * sw + KW)
+    span_h, span_w = (KH - 1) * dh + 1, (KW - 1) * dw + 1       # the window's extent in the input
+    in_rows, Wp = (tile_rows - 1) * sh + span_h, norm_dim((sympy.sympify(OW) - 1) * sw + span_w)
     padded = lw.scratch(DType.f32, [norm_dim(N * groups * tiles), norm_dim(in_rows * Wp * C)])
     Wt = lw.inputs[id(w)]
     in_registers = _register_epilogue(lw, op, T)
+    # one run per kernel row, or one per tap of a row dilated along the width
+    runs = dict(k_run=KW * C) if dw == 1 else dict(k_run=C, k_row_runs=KW, k_run_step=dw * C)
 
     def body(q, n, g, first, count):
-        _copy_padded(lw, x, padded, q, n, g * C, C, first * sh - ph, (count - 1) * sh + KH, pw, Wp)
+        _copy_padded(lw, x, padded, q, n, g * C, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp)
         lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g), BufRef(padded, q * in_rows * Wp * C),
                      BufRef(Wt, g * panels_g * KH * KW * C * width), count * OW, oc_g, KH * KW * C, sw * C, 0, OC,
-                     b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run=KW * C, k_run_stride=Wp * C,
+                     b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run_stride=dh * Wp * C, **runs,
                      **_gemm_epilogue(in_registers, g * oc_g)))
     _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows, epilogue=in_registers is None)
 

@@ -35,7 +35,7 @@ from llvmlite import ir
 
 from ..ir.types import DType
 from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, Var,
-                        GEMM_WINDOW, loop_var, operands)
+                        GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
 from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
@@ -427,8 +427,9 @@ class KernelEmitter:
         if s.b_panels:
             k = self.index(s.k)
             one = ir.Constant(I64, 1)
-            window = [self.index(getattr(s, f)) for f in GEMM_WINDOW] if s.a_rows is not None else \
-                [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one]   # plain: one run
+            window = [self.index(getattr(s, f)) for f in GEMM_WINDOW + GEMM_TAPS] if s.a_rows is not None else \
+                [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one, one,   # plain: one run
+                 ir.Constant(I64, 0)]
             bias = self._gemm_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
             b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu),
                    [self._gemm_ptr(s.c), self._gemm_ptr(s.a), self._gemm_ptr(s.b), self.index(s.m),

@@ -9,16 +9,19 @@ MR * width / lanes fused multiply-adds. MR follows the target's vector registers
 
 A is read through a window, which makes a convolution an implicit GEMM (no im2col copy):
 
-    A[r][kk] = a[(r / a_rows) * a_rows_stride + (r % a_rows) * lda + (kk / k_run) * k_run_stride + kk % k_run]
+    A[r][kk] = a[(r / a_rows) * a_rows_stride + (r % a_rows) * lda
+                 + (j / row_runs) * k_run_stride + (j % row_runs) * k_run_step + kk % k_run],  j = kk / k_run
 
-For a plain row-major A: a_rows = m, k_run = k (the strides are then never used). For an NHWC
-convolution over a zero-padded input, a row is an output position (a_rows = output width, and an
-output row further is a_rows_stride = stride_h * padded row), and k walks the window's kernel rows,
-each a contiguous run of k_run = kw * channels floats, one padded input row apart.
+For a plain row-major A: a_rows = m, k_run = k, row_runs = 1 (the strides are then never used).
+For an NHWC convolution over a zero-padded input, a row is an output position (a_rows = output
+width, and an output row further is a_rows_stride = stride_h * padded row), and k walks the
+window's kernel rows, each a contiguous run of k_run = kw * channels floats (row_runs = 1), a
+padded input row (times the dilation) apart. A kernel row dilated along the width is row_runs = kw
+runs of the channels, k_run_step = dilation * channels floats apart.
 
     void cuvil.panel_gemm.<width>[.bias][.relu](ptr C, ptr A, ptr Bp, i64 m, i64 n, i64 k, i64 lda,
                                   i64 ldc, i64 a_rows, i64 a_rows_stride, i64 k_run, i64 k_run_stride,
-                                  ptr bias)
+                                  i64 row_runs, i64 k_run_step, ptr bias)
 
 The `.bias` and `.relu` variants finish each block of C in registers before storing it: + bias[j]
 for column j, then relu as C < 0 ? 0 : C (NaN and -0 pass, as in torch and the epilogue loop they
@@ -33,7 +36,7 @@ import llvmlite.ir as ir
 from .mathlib import F32, I32, I64
 
 PTR = ir.PointerType()
-ARGS = [PTR] * 3 + [I64] * 9 + [PTR]
+ARGS = [PTR] * 3 + [I64] * 11 + [PTR]
 MAX_ACCUMULATORS = 12
 
 
@@ -61,7 +64,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
     vec = ir.VectorType(F32, lanes)
     vectors = width // lanes
     fma = _intrinsic(fn.module, "fma", vec, 3)
-    c, a, bp, m, n, k, lda, ldc, a_rows, a_rows_stride, k_run, k_run_stride, bias_ptr = fn.args
+    c, a, bp, m, n, k, lda, ldc, a_rows, a_rows_stride, k_run, k_run_stride, row_runs, k_run_step, bias_ptr = fn.args
     for p in (c, a, bp, bias_ptr):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -86,7 +89,8 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
             rows_of_a.append(b.gep(a, [at], inbounds=True, source_etype=F32))
 
         def run(j):     # one contiguous run of k: A at +kk in every row, B `width` floats per kk
-            a_run = [b.gep(row, [b.mul(j, k_run_stride)], inbounds=True, source_etype=F32) for row in rows_of_a]
+            at = b.add(b.mul(b.sdiv(j, row_runs), k_run_stride), b.mul(b.srem(j, row_runs), k_run_step))
+            a_run = [b.gep(row, [at], inbounds=True, source_etype=F32) for row in rows_of_a]
             b_run = b.gep(panel, [b.mul(b.mul(j, k_run), i64(width))], inbounds=True, source_etype=F32)
 
             def step(kk, at):       # `at`: the panel at kk, a pointer stepped by the loop itself, so

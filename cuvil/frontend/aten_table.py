@@ -335,10 +335,25 @@ def conv2d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, g
                 dilation=pair(dilation), groups=groups)
 
 
+def conv1d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """A 1-d convolution as a 2-d one over images one row high: [N, C, L] -> [N, C, 1, L]."""
+    if isinstance(padding, str):
+        L.unsupported(f"conv1d with padding='{padding}' (torch.export gives the explicit padding)")
+    row = x.type.rank - 1            # the new height axis: before the length, batched or not
+    out = conv2d(L, L.op("cuvil.unsqueeze", x, dim=row), L.op("cuvil.unsqueeze", weight, dim=2), bias,
+                 [1, _single(stride)], [0, _single(padding)], [1, _single(dilation)], groups)
+    return L.op("cuvil.squeeze", out, dims=[row])
+
+
+def _single(v) -> int:
+    """A 1-d window parameter, given as v or [v]."""
+    return v[0] if isinstance(v, (list, tuple)) else v
+
+
 def convolution(L: Lowering, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed or weight.type.rank != 4:
-        L.unsupported("only 2-d, non-transposed convolutions are supported")
-    return conv2d(L, x, weight, bias, stride, padding, dilation, groups)
+    if transposed or weight.type.rank not in (3, 4):
+        L.unsupported("only 1-d and 2-d non-transposed convolutions are supported")
+    return (conv1d if weight.type.rank == 3 else conv2d)(L, x, weight, bias, stride, padding, dilation, groups)
 
 
 def max_pool2d(L: Lowering, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -534,6 +549,7 @@ ATEN_TABLE = {
     aten.mm.default: matmul,
     aten.bmm.default: matmul,
     aten.addmm.default: addmm,
+    aten.conv1d.default: conv1d,
     aten.conv2d.default: conv2d,
     aten.convolution.default: convolution,
     aten.max_pool2d.default: max_pool2d,

@@ -8,7 +8,7 @@ stride. The pass works in three steps:
        permute(x, to NHWC) -> op {layout = "nhwc"} -> permute(result, to NCHW),
    and a convolution's weight is pre-packed at compile time (a new module constant): blocked in
    GEMM panels, `[groups * ceil(out / groups / P), kh, kw, in/groups, P]` (`stem.0.weight.panels`),
-   for the implicit-GEMM kernel, unless it is depthwise or dilated (`pack-conv`); else as
+   for the implicit-GEMM kernel, unless it is depthwise (`pack-conv`); else as
    `[kh, kw, in/groups, out]` (`.hwio`); a weight that is not a constant is permuted at run time;
 2. sink: a conversion to NCHW moves below the elementwise ops that read it, when their other
    operands are conversions too, already converted (a residual input that also feeds a converted
@@ -129,11 +129,11 @@ def _to_nhwc(rw: Rewriter, op: Operation, pack_conv: bool) -> str | None:
 
 
 def _panel_packable(op: Operation, weight: torch.Tensor) -> bool:
-    """An fp32 convolution without dilation runs as an implicit GEMM on panels, one per group
+    """An fp32 convolution runs as an implicit GEMM on panels, one per group
     (`codegen/library.py`); a depthwise one (one input channel per group: its direct kernel walks
-    the channels innermost) or a dilated one keeps its `[kh, kw, in/groups, out]` weight."""
+    the channels innermost) keeps its `[kh, kw, in/groups, out]` weight."""
     depthwise = op.attrs["groups"] > 1 and weight.shape[1] == 1
-    return weight.dtype == torch.float32 and not depthwise and list(op.attrs["dilation"]) == [1, 1]
+    return weight.dtype == torch.float32 and not depthwise
 
 
 def _is_conversion(v: Value) -> bool:

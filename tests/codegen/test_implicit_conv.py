@@ -2,8 +2,9 @@
 GEMM on the panel microkernel (`library.conv2d_implicit`), against eager torch in NCHW: both panel
 widths with full and partial last panels, grouped convolutions, strides, paddings that are wider or narrower than the
 window needs, non-square kernels, 1x1 convolutions with and without stride, a symbolic batch,
-symbolic image sizes, thread splits, the stem's permuted NCHW input, the layout pass choosing
-it end to end, and seeded random convolutions compiled through O3."""
+symbolic image sizes, dilations (along either axis or both), thread splits, the stem's permuted
+NCHW input, the layout pass choosing it end to end, and seeded random convolutions compiled
+through O3."""
 import re
 
 import pytest
@@ -19,7 +20,7 @@ from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, 
 from codegen_helpers import Graph, T, compile_graphs, run
 from test_library import rand
 
-# (in channels, out channels, kernel (h, w), stride (h, w), padding (h, w), image (h, w))
+# (in channels, out channels, kernel (h, w), stride (h, w), padding (h, w), image (h, w)[, dilation (h, w)])
 CONVS = [
     (3, 16, (3, 3), (1, 1), (1, 1), (12, 10)),      # an RGB stem: one 16-wide panel
     (3, 5, (3, 3), (1, 1), (1, 1), (7, 9)),         # a partial 16-wide panel
@@ -31,14 +32,18 @@ CONVS = [
     (32, 64, (1, 1), (1, 1), (0, 0), (5, 7)),       # 1x1 stride 1: one plain panel GEMM
     (6, 20, (3, 3), (3, 1), (2, 0), (13, 8)),       # padding wider than half the kernel is legal
     (2, 16, (7, 7), (2, 2), (3, 3), (15, 15)),
+    (8, 24, (3, 3), (1, 1), (2, 2), (12, 11), (2, 2)),      # dilated: kw runs of the channels per kernel row
+    (16, 40, (3, 3), (2, 1), (4, 1), (14, 9), (4, 1)),      # dilated along the height only: one run a row
+    (3, 16, (3, 5), (1, 2), (1, 3), (9, 16), (1, 3)),       # along the width only, RGB
+    (5, 17, (2, 3), (3, 2), (0, 0), (13, 13), (5, 2)),      # unpadded, the window's far taps near the edge
 ]
 
 
-def _graph(i, c, oc, k, s, p, image, batch="s0"):
+def _graph(i, c, oc, k, s, p, image, d=(1, 1), batch="s0"):
     weight = T(*pack_conv_panels(torch.zeros(*k, c, oc)).shape)
     return Graph(f"implicit{i}", lambda b, x, w, bi: b("cuvil.relu", b(
-        "cuvil.conv2d", x, w, bi, stride=list(s), padding=list(p), layout="nhwc", out_channels=oc)),
-        [T(batch, *image, c), weight, T(oc)])
+        "cuvil.conv2d", x, w, bi, stride=list(s), padding=list(p), dilation=list(d), layout="nhwc",
+        out_channels=oc)), [T(batch, *image, c), weight, T(oc)])
 
 
 GRAPHS = {i: _graph(i, *cfg) for i, cfg in enumerate(CONVS)}
@@ -70,8 +75,8 @@ def compiled():
     return compile_graphs(GRAPHS.values())
 
 
-def _reference(x_nchw, w_oihw, bias, stride, padding, relu=True):
-    out = F.conv2d(x_nchw, w_oihw, bias, stride, padding)
+def _reference(x_nchw, w_oihw, bias, stride, padding, relu=True, dilation=(1, 1)):
+    out = F.conv2d(x_nchw, w_oihw, bias, stride, padding, dilation)
     return F.relu(out) if relu else out
 
 
@@ -98,14 +103,16 @@ def test_grouped_implicit_conv_matches_eager(compiled, i):
 
 @pytest.mark.parametrize("i", range(len(CONVS)))
 def test_implicit_conv_matches_eager(compiled, i):
-    c, oc, k, s, p, (h, w_) = CONVS[i]
+    c, oc, k, s, p, (h, w_), *dilation = CONVS[i]
+    d = dilation[0] if dilation else (1, 1)
     w = rand(oc, c, *k, seed=1)
     packed = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO).contiguous())
     bias = rand(oc, seed=2)
     for n, split in ((1, 1), (3, 2), (2, 5)):
         x = rand(n, c, h, w_)
         out = run(GRAPHS[i], compiled, x.permute(*TO_NHWC).contiguous(), packed, bias, split=split)
-        torch.testing.assert_close(out.permute(*TO_NCHW), _reference(x, w, bias, s, p), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.permute(*TO_NCHW), _reference(x, w, bias, s, p, dilation=d),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_symbolic_image_sizes(compiled):
@@ -137,6 +144,12 @@ def test_kernel_text_round_trips_the_windowed_gemm():
                      r"relu=true$", gemm)
     assert "lda=3" in gemm and "k=27" in gemm
     assert print_kernels(parse_kernels(text)) == text
+    # dilated 2 along the width: per kernel row 3 runs of the 8 channels, 2 * 8 floats apart; the
+    # rows 2 padded rows (15 columns * 8) apart
+    (kernel,) = GRAPHS[10].kernels
+    text = print_kernels([kernel])
+    assert re.search(r"a_rows=11, a_rows_stride=120, k_run=8, k_run_stride=240, k_row_runs=3, k_run_step=16,", text)
+    assert print_kernels(parse_kernels(text)) == text
 
 
 def test_layout_pass_chooses_the_implicit_gemm_end_to_end():
@@ -147,15 +160,30 @@ def test_layout_pass_chooses_the_implicit_gemm_end_to_end():
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     (stats,) = [p["statistics"] for p in compiled.report.passes if p["name"] == "layout"]
-    assert stats["weights-packed"] == 4 and stats["conv-panels"] == 3    # the dilated one: HWIO
+    assert stats["weights-packed"] == 4 and stats["conv-panels"] == 4
     algorithms = [conv_algorithm(op) for op in cuvil.parse(compiled.report.output_ir).main.ops
                   if op.name == "cuvil.conv2d"]
-    assert algorithms == ["implicit", "implicit", "im2col", "implicit"]
+    assert algorithms == ["implicit"] * 4
     off = cuvil.compile(model, pipeline="verify,shape-infer,fold-constants,layout{pack-conv=false},"
                                         "canonicalize,fuse,plan-memory")
     with torch.no_grad():
         torch.testing.assert_close(off(x), model(x), rtol=1e-4, atol=1e-4)
     assert "out_channels" not in off.report.output_ir
+
+
+def test_conv1d_runs_as_a_one_row_implicit_gemm():
+    # a dilated temporal stack (TCN / WaveNet style), the length dynamic
+    model = nn.Sequential(nn.Conv1d(6, 16, 3, padding=2, dilation=2), nn.ReLU(),
+                          nn.Conv1d(16, 24, 5, stride=2, padding=8, dilation=4, groups=2)).eval()
+    compiled = cuvil.compile(model, dynamic=[{2: "length"}], ranges={"length": (8, 512)})
+    with torch.no_grad():
+        for length in (40, 8, 301):
+            x = torch.randn(3, 6, length)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    ops = [op for op in cuvil.parse(compiled.report.output_ir).main.ops if op.name == "cuvil.conv2d"]
+    assert [conv_algorithm(op) for op in ops] == ["implicit", "implicit"]
+    assert [op.attrs["dilation"] for op in ops] == [[1, 2], [1, 4]]
+    assert len(compiled._variants) == 1                     # one program for every length
 
 
 @pytest.mark.parametrize("target,instruction", [("aarch64", r"\bfmla\b"), ("x86_64", r"\bvfmadd\w+ps\b.*ymm")])
@@ -169,24 +197,25 @@ def test_implicit_conv_for_other_targets(target, instruction):
 
 
 def _random_convs(count: int, seed: int = 7):
-    """Seeded random convolutions the implicit GEMM takes (no dilation, at least two input channels
-    per group), each with an output of at least one position."""
+    """Seeded random convolutions the implicit GEMM takes (at least two input channels per group,
+    dilated one time in three), each with an output of at least one position."""
     g = torch.Generator().manual_seed(seed)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))   # noqa: E731
     out = []
     while len(out) < count:
         k, s, p = (pick(1, 5), pick(1, 5)), (pick(1, 3), pick(1, 3)), (pick(0, 2), pick(0, 2))
+        d = (pick(1, 3), pick(1, 3)) if pick(1, 3) == 1 else (1, 1)
         size = (pick(1, 14), pick(1, 14))
-        if all(size[i] + 2 * p[i] >= k[i] for i in range(2)):
+        if all(size[i] + 2 * p[i] >= (k[i] - 1) * d[i] + 1 for i in range(2)):
             groups = pick(1, 3)
-            out.append((groups * pick(2, 7), groups * pick(1, 24), groups, k, s, p, size, pick(1, 3)))
+            out.append((groups * pick(2, 7), groups * pick(1, 24), groups, k, s, p, d, size, pick(1, 3)))
     return out
 
 
-@pytest.mark.parametrize("cin,cout,groups,k,s,p,size,batch", _random_convs(12))
-def test_random_convolutions_through_o3_match_eager(cin, cout, groups, k, s, p, size, batch):
+@pytest.mark.parametrize("cin,cout,groups,k,s,p,d,size,batch", _random_convs(16))
+def test_random_convolutions_through_o3_match_eager(cin, cout, groups, k, s, p, d, size, batch):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(cin, cout, k, s, p, groups=groups), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Conv2d(cin, cout, k, s, p, dilation=d, groups=groups), nn.ReLU()).eval()
     x = torch.randn(batch, cin, *size)
     compiled = cuvil.compile(model)
     with torch.no_grad():

@@ -146,6 +146,20 @@ class Convs(nn.Module):
         return F.adaptive_avg_pool2d(y, (2, 2)), F.hardswish(y)
 
 
+class Conv1ds(nn.Module):
+    """1-d convolutions (run as 2-d ones one row high): padded, strided and dilated, grouped, a
+    'same' padding, and an unbatched input."""
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Conv1d(4, 8, 3, padding=1)
+        self.grouped = nn.Conv1d(8, 8, 3, stride=2, padding=2, dilation=2, groups=2)
+        self.same = nn.Conv1d(8, 6, 5, padding="same", dilation=3, bias=False)
+
+    def forward(self, x):
+        y = self.grouped(torch.relu(self.first(x)))
+        return y, self.same(y), self.first(x[0])
+
+
 class Norms(nn.Module):
     def __init__(self):
         super().__init__()
@@ -183,6 +197,11 @@ def conv_inputs(s):
     return (torch.randn(s["B"], 4, 9, 9),)
 
 
+def conv1d_inputs(s):
+    torch.manual_seed(5)
+    return (torch.randn(s["B"], 4, s["S"]),)
+
+
 def norm_inputs(s):
     torch.manual_seed(2)
     return torch.randint(0, 10, (s["B"], 4)), torch.randn(s["B"], 4, 8)
@@ -202,11 +221,12 @@ def attention_inputs(s):
 @pytest.mark.parametrize("model, inputs, dynamic, expect", [
     (Convs(), conv_inputs, [{0: "B"}], {"cuvil.conv2d", "cuvil.batch_norm", "cuvil.max_pool2d", "cuvil.avg_pool2d",
                                         "cuvil.adaptive_avg_pool2d"}),
+    (Conv1ds(), conv1d_inputs, [{0: "B", 2: "S"}], {"cuvil.conv2d", "cuvil.unsqueeze", "cuvil.squeeze"}),
     (Norms(), norm_inputs, [{0: "B"}, {0: "B"}], {"cuvil.embedding", "cuvil.layer_norm", "cuvil.rms_norm",
                                                   "cuvil.softmax"}),
     (Matmuls(), matmul_inputs, [{0: "B", 1: "S"}, {0: "B", 2: "S"}], {"cuvil.linear", "cuvil.matmul"}),
     (Attention(), attention_inputs, [{0: "B", 2: "S"}] * 3 + [{0: "S", 1: "S"}], {"cuvil.sdpa"}),
-], ids=["convs", "norms", "matmuls", "attention"])
+], ids=["convs", "conv1ds", "norms", "matmuls", "attention"])
 def test_nn_ops(model, inputs, dynamic, expect):
     result = check(None, model.eval(), inputs, dynamic)
     assert expect <= set(ops_of(result))
