@@ -37,8 +37,11 @@ The engine refuses (ProgramError) a kernel address its module did not produce, a
 offset or size out of range, a slot or dim count that does not match the kernel, an unbound
 output. `Engine.run(inputs, outputs, symbols, profile)` takes `(address, nbytes)` pairs or
 DLPack tensors, checks sizes (RunError), releases the GIL, and runs independent steps
-concurrently on the pool; it is reentrant. With one thread (or one step) and one chunk per step,
-the calling thread runs the steps in the order the queue would, without the queue or the pool.
+concurrently on the pool; it is reentrant. Ready tasks run by priority; a worker prefers its own
+chunk of a split step (chunk c is worker c's; the caller is worker 0), so that a step's chunk reads
+what the same core wrote as the same chunk of the step before. With one thread (or one step) and
+one chunk per step, the calling thread runs the steps in the order the queue would, without the
+queue or the pool.
 A thread out of work (a pool worker, or a caller waiting on the pool) polls for `spin_us()`
 microseconds before it sleeps: `$CUVIL_SPIN_US` when the pool starts, default 50. `Engine.capsule()` exports the engine to C
 (`native/include/cuvil/engine_capi.h`).

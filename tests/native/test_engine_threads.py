@@ -9,6 +9,8 @@ import torch
 from engine_helpers import dag_reference
 
 from cuvil import _native
+from cuvil.ir.types import DType, TensorType
+from cuvil.runtime import Executable, Program, Slot, Split, Step
 
 SPIN_FOREVER = 4_000_000_000  # a few seconds of spinning: only reached when the test is failing
 
@@ -135,3 +137,26 @@ def test_spin_setting_is_read_and_results_do_not_depend_on_it(setting, spin, tmp
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) == spin
+
+
+def test_a_chunk_runs_where_the_same_chunk_of_the_step_before_ran(jitted, pool_threads):
+    """Chunk c of consecutive split steps goes to the same worker when it is free (it reads what
+    that worker just wrote, from its own core's cache); whoever finished the step before last
+    took chunk 0 before."""
+    pool_threads(2)
+    f32, n = DType.f32, 1 << 20
+    t = TensorType(f32, (n,))
+    program = Program(inputs=[t, t], outputs=[t], symbols={}, input_names=["a", "b"], arena_bytes=4 * n,
+                      slots=[Slot.input(0, t), Slot.input(1, t), Slot.output(0, t), Slot.arena(0, 4 * n)],
+                      steps=[Step("add", [0, 1, 3], [n], split=Split(0, 1, align=16)),
+                             Step("add", [3, 0, 2], [n], deps=[0], split=Split(0, 1, align=16))])
+    exe = Executable(program, jitted[1], min_chunk_ns=1)
+    a, b = torch.randn(n), torch.randn(n)
+    same = 0
+    for _ in range(40):
+        (out,), records = exe.profile(a, b)
+        where = {(r.step, r.chunk): r.thread for r in records}
+        assert sorted(where) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        same += where[0, 0] == where[1, 0] and where[0, 1] == where[1, 1]
+    assert torch.equal(out, (a + b) + a)
+    assert same >= 32, f"chunks kept their worker in {same} of 40 calls"
