@@ -666,10 +666,11 @@ class GroupLowering:
         return LoweredKernel(self.ops, kernel, self.values)
 
     def iterate(self, shape, body: Callable[[list], None], outer_only: bool = False, parallel: bool = True,
-                prefix: str = "") -> None:
+                prefix: str = "", order: list[int] | None = None) -> None:
         """Loops over `shape`: the dims before the last flattened into one parallel loop, the last dim
         an inner loop (`outer_only`: all dims flattened, no inner loop). body(idx) runs innermost.
-        `prefix` names the loop variables apart from those of another nest in the same kernel."""
+        `prefix` names the loop variables apart from those of another nest in the same kernel.
+        `order`: the flattened dims from slowest to fastest (default: in order)."""
         shape = list(shape)
         if _is_empty(shape):
             return      # no iterations (and no strides to divide by)
@@ -686,12 +687,13 @@ class GroupLowering:
             total = total * d
 
         def outer(p):
-            idx, stride = [], total
-            for d in flat:
+            idx, stride = [None] * len(flat), total
+            for pos in order or range(len(flat)):
+                d = flat[pos]
                 stride = stride / d
                 e = modulo(floor_div(p, stride, self.known), d, self.known)
                 self.known.setdefault(e, (sympy.Integer(0), sympy.sympify(d) - 1))
-                idx.append(e)
+                idx[pos] = e
             if inner:
                 self.loop(f"{prefix}i{len(flat)}", inner[0], lambda i: body(idx + [i]))
             else:
@@ -715,13 +717,26 @@ class GroupLowering:
             else:
                 same.add(id(v))
         if len(nests) == 1:
-            self.iterate(nests[0][0], self.store_outputs)
+            self.iterate(nests[0][0], self.store_outputs, order=self._transpose_order(nests[0][0]))
             return
         # outputs of different shapes (the pieces of a split): a loop nest each, all serial, because
         # the runtime splits only one parallel loop of a kernel across threads
         for k, (shape, ids) in enumerate(nests):
             self.iterate(shape, lambda idx, ids=ids: self.store_outputs(idx, lambda v: id(v) in ids),
                          parallel=False, prefix=f"n{k}")
+
+    def _transpose_order(self, shape) -> list[int] | None:
+        """When the group reads an input through a permute that moves its contiguous last dim away
+        from the last (an NHWC -> NCHW conversion: the inner loop gathers, C floats apart), the
+        outer dims go fastest where that input is densest: the lines one inner loop gathers are
+        read again by the next ones, from L1, instead of once per image-sized sweep."""
+        rank = len(shape)
+        for op in self.ops:
+            if op.name == "cuvil.permute" and self._is_source(op.operands[0]) and op.result.type.rank == rank:
+                perm = list(op.attrs["perm"])
+                if perm[-1] != rank - 1:
+                    return sorted(range(rank - 1), key=lambda k: perm[k])
+        return None
 
     def _lower_reductions(self, reductions: list[Operation]) -> None:
         full, axes = reduction_space(reductions[0])

@@ -70,6 +70,9 @@ GRAPHS = {
     "split_cat": Graph("split_cat", lambda b, x, y: b("cuvil.cat", *[b("cuvil.neg", r) for r in b.create(
         "cuvil.split", [x], {"dim": 1, "sizes": [2, 3]}).results], y, dim=1), [T("s0", 5), T("s0", 4)]),
     "triangle": Graph("triangle", lambda b, x: [b("cuvil.triu", x, diagonal=1), b("cuvil.tril", x)], [T("s0", "s1")]),
+    # NHWC -> NCHW (a conv's output leaving the layout pass's region), plus an NCHW operand
+    "to_nchw": Graph("to_nchw", lambda b, x, y: b("cuvil.add", b("cuvil.permute", x, perm=[0, 3, 1, 2]), y),
+                     [T("s0", 5, 7, 12), T("s0", 12, 5, 7)]),
     "inline": Graph("inline", lambda b, x: b("cuvil.mul", b("cuvil.add", x, b("cuvil.full", shape=[4], value=2.5,
                                                                                dtype=DType.f32)),
                                              b("cuvil.arange", end=[4], dtype=DType.f32)), [T("s0", 4)]),
@@ -209,6 +212,18 @@ def test_grouping_fuses_chains_and_splits_shared_values():
     h = torch.relu(x + y)
     torch.testing.assert_close(s, torch.tanh(h).sum(1))
     torch.testing.assert_close(lin, F.gelu(F.linear(torch.exp(h * h), w)))
+
+
+def test_a_transposing_permute_walks_the_channels_fastest(compiled):
+    # the inner loop gathers the NHWC input 12 floats apart; the outer loop steps the channel
+    # fastest, so the next inner loops read the same lines again
+    (kernel,) = GRAPHS["to_nchw"].kernels
+    text = print_kernel(kernel)
+    assert "%a0[p//60, (p//12) % 5, i3, p % 12]" in text, text
+    for n, split in ((1, 1), (3, 2), (2, 7)):
+        x, y = rand(n, 5, 7, 12), rand(n, 12, 5, 7, seed=1)
+        torch.testing.assert_close(run(GRAPHS["to_nchw"], compiled, x, y, split=split), x.permute(0, 3, 1, 2) + y,
+                                   rtol=0, atol=0)
 
 
 def test_views_are_recomputed_in_each_consumer():

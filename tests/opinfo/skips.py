@@ -104,8 +104,9 @@ UNMAPPED: dict[str, str] = {
                                          "so no OpInfo sample exports to the underscored form",
     "aten.reshape.default": "reshape is CompositeImplicitAutograd: torch.export always turns it into "
                             "view/_unsafe_view (the reshape OpInfo runs under aten.view.default)",
-    "aten.convolution.default": "OpInfo's 2-d convolutions export as aten.conv2d; aten.convolution comes only "
-                                "from conv1d/conv3d/transposed convolutions, which this row refuses by design",
+    "aten.convolution.default": "OpInfo's 1-d and 2-d convolutions export as aten.conv1d and aten.conv2d; "
+                                "aten.convolution comes from a module's forward (covered by the model tests) "
+                                "and from conv3d/transposed convolutions, which this row refuses by design",
     "aten.lift_fresh_copy.default": "no OpInfo sample reaches it: torch 2.13 exports a tensor literal as a lifted "
                                     "constant plus aten.clone",
     "aten.detach.default": "of the OpInfos only nanmean calls .detach(), and its decomposition also needs isnan, "

@@ -120,6 +120,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.mm.default": ["mm"],
     "aten.bmm.default": ["bmm"],
     "aten.addmm.default": ["addmm"],
+    "aten.conv1d.default": ["nn.functional.conv1d"],
     "aten.conv2d.default": ["nn.functional.conv2d"],
         "aten.max_pool2d.default": ["nn.functional.max_pool2d"],
     "aten.max_pool2d_with_indices.default": ["nn.functional.max_pool2d", "nn.functional.max_pool1d"],
