@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 import threading
 import time
 import warnings
@@ -46,6 +47,7 @@ from .frontend.export import CuvilExportError, input_names
 from .passes import Pipeline
 from .report import CompileReport
 from .schedule import anchor_misses
+from ._native import TensorCall, TensorCallInput, TensorCallOutput
 from .runtime import get_num_threads, set_num_threads
 from .runtime.exprs import evaluate, to_postfix
 
@@ -301,13 +303,20 @@ def _same_constant(a, b) -> bool:
 # ----------------------------------------------------------------------------- variants
 
 
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The numpy dtype of `dtype`, None where numpy lacks it (bfloat16...)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return None
+
+
 def _allocator(dtype: torch.dtype) -> Callable[[tuple], torch.Tensor]:
     """A function that allocates an output of `dtype`: through numpy where it has the dtype, which
     costs ~1 µs less per call than torch.empty (whose argument parsing dominates at these sizes).
     Such a tensor is an ordinary CPU tensor except that its storage cannot be resized."""
-    try:
-        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-    except TypeError:           # bfloat16 and other dtypes numpy lacks
+    np_dtype = _numpy_dtype(dtype)
+    if np_dtype is None:
         return lambda shape: torch.empty(shape, dtype=dtype)
     return lambda shape: torch.from_numpy(np.empty(shape, np_dtype))
 
@@ -321,6 +330,7 @@ class NativeCall:
         self._outputs = [(shape, _allocator(dtype)) for shape, dtype in outputs]
         self._static = None if symbolic else [(tuple(evaluate(d, []) for d in shape), alloc)
                                               for shape, alloc in self._outputs]
+        self.output_dtypes = [dtype for _, dtype in outputs]
 
     def __call__(self, tensors, symbols: list[int]):
         return self.run(tensors, symbols, False)[0]
@@ -341,36 +351,38 @@ MISS = object()      # what a fast path returns for a call it does not take
 
 
 def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
-    """For a variant with static shapes called with contiguous CPU tensors only, positionally: one
-    closure that checks the call and runs it, or returns MISS (and the caller takes the general
-    path). It is `Guard.match` then `NativeCall.run` with the per-call generality taken out: about
-    half the overhead of a small model's call."""
+    """For a variant with static shapes called with contiguous CPU tensors only, positionally: a
+    native callable (`cuvil._native.TensorCall`) that checks the call, allocates the outputs and
+    runs the engine, or returns MISS (and the caller takes the general path). It is `Guard.match`
+    then `NativeCall.run` with the per-call generality taken out, and no Python in between."""
     if guard.static_shapes is None or guard.positional is None or call._static is None:
         return None
-    expected, outputs = guard.static_shapes, call._static
-    engine, spec, n, strided, tensor = call.engine, call.out_spec, guard.positional, torch.strided, torch.Tensor
-
-    def run(args: tuple):
-        if len(args) != n:
-            return MISS
-        inputs = []
-        for x, (dtype, shape) in zip(args, expected):
-            if type(x) is not tensor or x.dtype is not dtype or x.shape != shape or not x.is_cpu \
-                    or x.layout is not strided or not x.is_contiguous():
-                return MISS
-            inputs.append((x.data_ptr(), x.nbytes))
-        out = [alloc(shape) for shape, alloc in outputs]
-        engine.run(inputs, [(y.data_ptr(), y.nbytes) for y in out])
-        return unflatten_outputs(spec, out)
-    return run
+    inputs = [TensorCallInput(dtype, list(shape), shape.numel() * dtype.itemsize)
+              for dtype, shape in guard.static_shapes]
+    outputs = [TensorCallOutput(shape, _numpy_dtype(dtype), dtype, math.prod(shape) * dtype.itemsize)
+               for (shape, _), dtype in zip(call._static, call.output_dtypes)]
+    spec = call.out_spec
+    if spec.is_leaf():
+        result, rebuild = 0, None
+    elif spec.type is tuple and all(c.is_leaf() for c in spec.children()):
+        result, rebuild = 1, None
+    else:
+        result, rebuild = 2, functools.partial(unflatten_outputs, spec)
+    return TensorCall(call.engine, _tensor_api(), inputs, outputs, MISS, result, rebuild)
 
 
-def call_fast(variants, args: tuple):
-    """The first variant's fast path that takes the call, run; MISS when none does."""
-    for v in variants:
-        if v.fast is not None and (out := v.fast(args)) is not MISS:
-            return out
-    return MISS
+@functools.cache
+def _tensor_api() -> dict:
+    """What TensorCall reads a tensor with: torch.Tensor's getters and methods as attribute lookup
+    would find them (resolved once here), and the allocators."""
+    names = ("dtype", "shape", "is_cpu", "layout", "is_contiguous", "data_ptr")
+    return {"type": torch.Tensor, "strided": torch.strided, "np_empty": np.empty, "from_numpy": torch.from_numpy,
+            "torch_empty": torch.empty, **{n: inspect.getattr_static(torch.Tensor, n) for n in names}}
+
+
+def fast_paths(variants) -> tuple:
+    """The variants' fast paths, in order (a call takes the first that does not return MISS)."""
+    return tuple(v.fast for v in variants if v.fast is not None)
 
 
 class Variant:
@@ -413,6 +425,7 @@ class CompiledModel:
         self.target = target
         self.options = options or CompileOptions()
         self._variants: tuple[Variant, ...] = ()
+        self._fast: tuple = ()          # the variants' native fast paths (`fast_path`)
         self._recompiles: list[str] = []
         self._lock = threading.Lock()
         self._fallback_reason: str | None = None
@@ -432,8 +445,10 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args, kwargs = self._canonical(args, kwargs)
-        elif (out := call_fast(self._variants, args)) is not MISS:
-            return out
+        else:
+            for fast in self._fast:
+                if (out := fast(args)) is not MISS:
+                    return out
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
@@ -578,6 +593,7 @@ class CompiledModel:
                 self._recompiles.append(f"recompiled (variant {len(self._variants) + 1}): {text}"
                                         + (f" -> {action}" if action else ""))
             self._variants = (*self._variants, variant)
+            self._fast = fast_paths(self._variants)
             self._report = variant.compilation.report
             return variant
 

@@ -32,7 +32,7 @@ import torch.utils._pytree as pytree
 from . import __version__, _native
 from .codegen.jit import link_object, library_symbols
 from .codegen.target import Target
-from .compiled import MISS, Guard, NativeCall, call_fast, fast_path
+from .compiled import MISS, Guard, NativeCall, fast_path, fast_paths
 from .compiler import shared_entries
 from .errors import CuvilError
 from .runtime import Kernel, StepTiming, load_module, set_num_threads
@@ -112,10 +112,13 @@ class SavedModel:
 
     def __init__(self, path: str, variants: list["_SavedVariant"], signature: inspect.Signature | None):
         self.path, self.variants, self._signature = path, variants, signature
+        self._fast = fast_paths(variants)
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and (out := call_fast(self.variants, args)) is not MISS:
-            return out
+        if not kwargs:
+            for fast in self._fast:
+                if (out := fast(args)) is not MISS:
+                    return out
         variant, (tensors, symbols) = self._match(args, kwargs)
         return variant.call(tensors, symbols)
 

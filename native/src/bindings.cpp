@@ -9,6 +9,7 @@
 #include "cuvil/engine_capi.h"
 #include "engine.h"
 #include "pool.h"
+#include "tensor_call.h"
 
 namespace py = pybind11;
 using namespace cuvil;
@@ -435,4 +436,5 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("num_outputs", &Engine::n_outputs)
         .def_property_readonly("num_symbols", &Engine::n_symbols)
         .def_property_readonly("num_steps", &Engine::n_steps);
+    bind_tensor_call(m);
 }

@@ -263,15 +263,47 @@ static bool runs_later(const Task& a, const Task& b, int worker, int threads) {
     return a.chunk > b.chunk;
 }
 
-class Call final : public TaskSource, public std::enable_shared_from_this<Call> {
-public:
-    explicit Call(const Engine& engine) : e_(engine) {}
-
+// Where one call's steps read and write, and how its split steps are chunked.
+struct CallLayout {
     std::vector<char*> bufs;
     std::vector<int64_t> dims;
     std::vector<int> n_chunks;
     std::vector<int64_t> chunk_len;
-    std::vector<StepTiming>* profile = nullptr;
+    size_t total_tasks = 0;
+};
+
+class Call final : public TaskSource, public std::enable_shared_from_this<Call> {
+public:
+    // `layout` is read only by tasks, and every task ends before Engine::run returns.
+    Call(const Engine& engine, const CallLayout& layout, std::vector<StepTiming>* profile)
+        : profile(profile), e_(engine), l_(layout) {}
+
+    std::vector<StepTiming>* const profile;
+
+    // One chunk of a step: its kernel on its buffers and dims (for a split step, the chunk's range).
+    static StepTiming execute(const Engine::StepPlan& p, const CallLayout& l, const Task& t, int worker,
+                              bool profile) {
+        char** b = const_cast<char**>(l.bufs.data()) + p.buf_offset;
+        const int64_t* d = l.dims.data() + p.dim_offset;
+        StepTiming timing{t.step, t.chunk, worker, profile ? now_ns() : 0, 0};
+        if (l.n_chunks[t.step] == 1) {
+            p.fn(b, d);
+        } else {
+            int64_t local[32];
+            std::vector<int64_t> heap;
+            int64_t* own = local;
+            if (p.n_dims > 32) {
+                heap.resize(p.n_dims);
+                own = heap.data();
+            }
+            std::memcpy(own, d, p.n_dims * sizeof(int64_t));
+            own[0] = t.chunk * l.chunk_len[t.step];
+            own[1] = std::min(d[1], own[0] + l.chunk_len[t.step]);
+            p.fn(b, own);
+        }
+        if (profile) timing.end_ns = now_ns();
+        return timing;
+    }
 
     void start(size_t total_tasks) {
         const auto& steps = e_.program_.steps;
@@ -279,23 +311,13 @@ public:
         ready_.reserve(total_tasks);
         if (profile) profile->reserve(total_tasks);
         deps_left_.resize(steps.size());
-        chunks_left_.assign(n_chunks.begin(), n_chunks.end());
+        chunks_left_.assign(l_.n_chunks.begin(), l_.n_chunks.end());
         for (size_t s = 0; s < steps.size(); ++s) deps_left_[s] = static_cast<int>(steps[s].deps.size());
         steps_left_ = static_cast<int>(steps.size());
         int pushed = 0;
         for (int r : e_.roots_) pushed += push_step(r);
         lock.unlock();
         post(pushed - 1);
-    }
-
-    // One chunk per step on one thread: the steps in the queue's order, without the queue, its
-    // lock or the pool.
-    void run_serially() {
-        if (profile) profile->reserve(e_.serial_order_.size());
-        for (int s : e_.serial_order_) {
-            StepTiming timing = execute(Task{0, s, 0}, 0);
-            if (profile) profile->push_back(timing);
-        }
     }
 
     // The calling thread: run tasks of this call until every step is done.
@@ -331,7 +353,7 @@ private:
     // Runs t, then further ready tasks of this call, until its queue is empty.
     void drive(Task t, int worker) noexcept {
         for (;;) {
-            StepTiming timing = execute(t, worker);
+            StepTiming timing = execute(e_.plan_[t.step], l_, t, worker, profile != nullptr);
             int pushed = 0;
             bool more, wake_caller;
             {
@@ -354,34 +376,10 @@ private:
         }
     }
 
-    StepTiming execute(const Task& t, int worker) {
-        const Engine::StepPlan& p = e_.plan_[t.step];
-        char** b = bufs.data() + p.buf_offset;
-        const int64_t* d = dims.data() + p.dim_offset;
-        StepTiming timing{t.step, t.chunk, worker, profile ? now_ns() : 0, 0};
-        if (n_chunks[t.step] == 1) {
-            p.fn(b, d);
-        } else {
-            int64_t local[32];
-            std::vector<int64_t> heap;
-            int64_t* own = local;
-            if (p.n_dims > 32) {
-                heap.resize(p.n_dims);
-                own = heap.data();
-            }
-            std::memcpy(own, d, p.n_dims * sizeof(int64_t));
-            own[0] = t.chunk * chunk_len[t.step];
-            own[1] = std::min(d[1], own[0] + chunk_len[t.step]);
-            p.fn(b, own);
-        }
-        if (profile) timing.end_ns = now_ns();
-        return timing;
-    }
-
     int push_step(int s) {
         int64_t priority = e_.program_.steps[s].priority;
-        for (int c = 0; c < n_chunks[s]; ++c) ready_.push_back({priority, s, c});
-        return n_chunks[s];
+        for (int c = 0; c < l_.n_chunks[s]; ++c) ready_.push_back({priority, s, c});
+        return l_.n_chunks[s];
     }
 
     // The task `worker` runs next (`runs_later`): a scan, the ready tasks being a few per thread.
@@ -409,6 +407,7 @@ private:
     }
 
     const Engine& e_;
+    const CallLayout& l_;
     std::mutex mutex_;
     std::condition_variable wake_;
     std::vector<Task> ready_;
@@ -441,8 +440,13 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
     int64_t arena_bytes = eval(p.arena_bytes, [] { return std::string("arena_bytes"); });
     if (arena_bytes < 0) throw RunError("arena_bytes evaluates to " + std::to_string(arena_bytes));
 
-    std::vector<char*> base(p.slots.size(), nullptr);
-    std::vector<std::pair<size_t, int64_t>> arena_slots;  // slot, offset
+    // Per-thread scratch, reused call after call: no allocation per call once it has grown (a
+    // thread runs one call at a time; kernels never call back into an engine).
+    thread_local std::vector<char*> base;
+    thread_local std::vector<std::pair<size_t, int64_t>> arena_slots;  // slot, offset
+    thread_local CallLayout layout;
+    base.assign(p.slots.size(), nullptr);
+    arena_slots.clear();
     for (size_t i = 0; i < p.slots.size(); ++i) {
         const SlotDesc& sl = p.slots[i];
         switch (sl.kind) {
@@ -475,17 +479,15 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
     }
 
     auto step_at = [](size_t s, const std::string& field) { return "steps[" + std::to_string(s) + "]" + field; };
-    auto call = std::make_shared<Call>(*this);
-    call->profile = profile;
-    call->dims.resize(total_dims_);
-    call->n_chunks.assign(p.steps.size(), 1);
-    call->chunk_len.assign(p.steps.size(), 0);
+    layout.dims.resize(total_dims_);
+    layout.n_chunks.assign(p.steps.size(), 1);
+    layout.chunk_len.assign(p.steps.size(), 0);
     const int threads = Pool::get().threads();
     size_t total_tasks = 0;
     for (size_t s = 0; s < p.steps.size(); ++s) {
         const StepDesc& st = p.steps[s];
         const StepPlan& plan = plan_[s];
-        int64_t* d = call->dims.data() + plan.dim_offset;
+        int64_t* d = layout.dims.data() + plan.dim_offset;
         size_t first = st.split ? 2 : 0;
         for (size_t j = 0; j < st.dims.size(); ++j)
             d[first + j] = eval(st.dims[j], [&] { return step_at(s, ".dims[" + std::to_string(j) + "]"); });
@@ -502,11 +504,11 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
             if (n > 1) {
                 int64_t align = st.split->align;
                 int64_t len = ((extent + n - 1) / n + align - 1) / align * align;
-                call->chunk_len[s] = len;
-                call->n_chunks[s] = static_cast<int>((extent + len - 1) / len);
+                layout.chunk_len[s] = len;
+                layout.n_chunks[s] = static_cast<int>((extent + len - 1) / len);
             }
         }
-        total_tasks += call->n_chunks[s];
+        total_tasks += layout.n_chunks[s];
     }
 
     struct ArenaLease {
@@ -517,19 +519,26 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
             if (ptr) e.give_arena(ptr, bytes);
         }
     } lease{*this, static_cast<uint64_t>(arena_bytes), nullptr};
-    lease.ptr = take_arena(lease.bytes);
+    if (arena_bytes > 0) lease.ptr = take_arena(lease.bytes);
     for (auto [slot, off] : arena_slots) base[slot] = static_cast<char*>(lease.ptr) + off;
 
-    call->bufs.resize(total_bufs_);
+    layout.bufs.resize(total_bufs_);
     for (size_t s = 0; s < p.steps.size(); ++s)
         for (size_t j = 0; j < p.steps[s].slots.size(); ++j)
-            call->bufs[plan_[s].buf_offset + j] = base[p.steps[s].slots[j]];
+            layout.bufs[plan_[s].buf_offset + j] = base[p.steps[s].slots[j]];
 
     if (p.steps.empty()) return;
     if (total_tasks == p.steps.size() && (threads == 1 || p.steps.size() == 1)) {
-        call->run_serially();
+        // one chunk per step on this thread: the steps in the queue's order, without the queue,
+        // its lock or the pool
+        if (profile) profile->reserve(serial_order_.size());
+        for (int s : serial_order_) {
+            StepTiming timing = Call::execute(plan_[s], layout, Task{0, s, 0}, 0, profile != nullptr);
+            if (profile) profile->push_back(timing);
+        }
         return;
     }
+    auto call = std::make_shared<Call>(*this, layout, profile);
     call->start(total_tasks);
     call->help_until_done();
 }

@@ -228,6 +228,44 @@ def test_static_fast_path_takes_only_the_calls_the_guard_takes():
     assert m.num_variants == 2
 
 
+def _structures(x, y):
+    return {"sum": x + y, "pair": (x * y, (x > y).float().sum(-1)), "flags": x > 0, "index": x.argmax(-1)}
+
+
+@pytest.mark.parametrize("fn, kind", [(lambda x, y: torch.tanh(x) * y, "one tensor"),
+                                      (lambda x, y: (x - y, x.sum(0)), "a flat tuple"),
+                                      (_structures, "a nested structure")])
+def test_the_native_fast_path_returns_every_output_structure_as_eager_does(fn, kind):
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    m = cuvil.compile(fn)
+    out = m(x, y)
+    fast = m._variants[0].fast
+    assert type(fast).__name__ == "TensorCall", kind
+    for got in (out, fast((x, y)), m(x, y)):
+        expected = fn(x, y)
+        assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(expected)
+        for g, e in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+            assert g.dtype == e.dtype and g.shape == e.shape and g.is_contiguous()
+            torch.testing.assert_close(g, e)
+    a, b = fast((x, y)), fast((x, y))      # fresh outputs every call
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(torch.utils._pytree.tree_leaves(a),
+                                                             torch.utils._pytree.tree_leaves(b)))
+
+
+def test_the_native_fast_path_refuses_what_is_not_a_plain_cpu_tensor():
+    from cuvil.compiled import MISS
+    m = cuvil.compile(lambda x: x * 2)
+    x = torch.randn(4, 4)
+    m(x)
+    fast = m._variants[0].fast
+    for bad in (x.to_sparse(), torch.empty(4, 4, device="meta"), x.numpy(), [x], None, x[:, :2].contiguous(),
+                x.to(torch.float64), x.t()):
+        assert fast((bad,)) is MISS, repr(type(bad))
+    torch.testing.assert_close(m(x.t()), x.t() * 2)
+    with pytest.raises(cuvil.CuvilError):
+        m(torch.empty(4, 4, device="meta"))
+
+
 # ----------------------------------------------------------------------------- unsupported ops
 
 def _topk(x):
