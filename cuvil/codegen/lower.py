@@ -280,6 +280,13 @@ def _slice(op, idx, v):
     return [out]
 
 
+def _flip(op, idx, v):
+    out = list(idx)
+    for d in op.attrs["dims"]:
+        out[d] = sympy.sympify(op.operands[0].type.shape[d]) - 1 - sympy.sympify(idx[d])
+    return [out]
+
+
 def _squeeze(op, idx, v):
     out, it = [], iter(idx)
     for k in range(op.operands[0].type.rank):
@@ -314,9 +321,28 @@ def _same(op, idx, v):
     return [list(idx)]
 
 
+def _pad(op, idx, v):
+    """The operand index a pad reads: shifted by the low amount, then mirrored, clamped or wrapped
+    into the dim (constant padding reads only inside it: `Lowerer._pad` masks the read)."""
+    mode, out = op.attrs["mode"], []
+    for i, lo, hi, size in zip(idx, op.attrs["low"], op.attrs["high"], op.operands[0].type.shape):
+        j = sympy.sympify(i) - lo
+        if mode == "constant" or not (lo or hi):
+            out.append(j)
+        elif mode == "replicate":
+            out.append(sympy.Min(sympy.Max(j, 0), size - 1))
+        elif mode == "reflect":        # the amounts are below the size: one mirror at either end
+            out.append(sympy.Min(sympy.Max(j, -j), 2 * (size - 1) - j))
+        else:                           # circular: crop by the negative amounts, wrap what is left
+            cut = max(-lo, 0)
+            out.append(sympy.Mod(sympy.sympify(i) - max(lo, 0), size - cut - max(-hi, 0)) + cut)
+    return [out]
+
+
 VIEWS: dict[str, Callable] = {
     "cuvil.permute": _permute, "cuvil.expand": _expand, "cuvil.slice": _slice, "cuvil.squeeze": _squeeze,
     "cuvil.unsqueeze": _unsqueeze, "cuvil.select": _select, "cuvil.split": _split, "cuvil.reshape": None,
+    "cuvil.pad": _pad, "cuvil.flip": _flip,
 }
 
 
@@ -565,6 +591,8 @@ class GroupLowering:
             return self.value(op.operands[0], self.reshape_index(op.operands[0].type.shape, v.type.shape, idx))
         if op.name == "cuvil.cat":
             return self._cat(op, idx)
+        if op.name == "cuvil.pad" and op.attrs["mode"] == "constant":
+            return self._constant_pad(op, idx)
         if op.name in ("cuvil.triu", "cuvil.tril"):
             row, col = sympy.sympify(idx[-2]), sympy.sympify(idx[-1])
             diff = Index(col - row - op.attrs["diagonal"])
@@ -607,6 +635,22 @@ class GroupLowering:
             self.mask = saved
             result = piece if result is None else call("select", inside, piece, result)
         return result
+
+    def _constant_pad(self, op: Operation, idx) -> Expr:
+        """The operand where the index falls inside it (the read masked elsewhere), the fill value outside."""
+        (at,) = _pad(op, idx, None)
+        inside = None
+        for j, lo, hi, size in zip(at, op.attrs["low"], op.attrs["high"], op.operands[0].type.shape):
+            for keep in ([call("ge", Index(j), Index(0))] if lo > 0 else []) + \
+                        ([call("lt", Index(j), Index(size))] if hi > 0 else []):
+                inside = keep if inside is None else call("and", inside, keep)
+        if inside is None:          # cropping only
+            return self.value(op.operands[0], at)
+        saved = self.mask
+        self.mask = inside if saved is None else call("and", saved, inside)
+        piece = self.value(op.operands[0], at)
+        self.mask = saved
+        return call("select", inside, piece, const(op.attrs["value"], piece.dtype))
 
     def _gather(self, op: Operation, idx) -> Expr:
         """A load whose index is read from an index tensor. Indices outside the table give NaN

@@ -21,6 +21,8 @@ import sympy
 import torch
 
 from ..ir import DType
+from ..ir.types import dims_equal, norm_dim
+from ..ir.ops.layout import PAD_MODES
 from .importer import Lowering, Unavailable
 
 aten = torch.ops.aten
@@ -193,6 +195,26 @@ def cat(L: Lowering, xs, dim=0):
     return xs[0] if len(xs) == 1 else L.op("cuvil.cat", *xs, dim=L.axis(dim, rank))
 
 
+def flip(L: Lowering, x, dims):
+    rank = x.type.rank
+    return L.op("cuvil.flip", x, dims=sorted({L.axis(d, rank) for d in dims}))
+
+
+def pad(L: Lowering, x, pads, mode="constant", value=None):
+    """torch.nn.functional.pad: (before, after) amounts from the last dim backwards."""
+    rank = x.type.rank
+    if len(pads) % 2 or len(pads) // 2 > rank:
+        L.unsupported(f"padding {list(pads)} for a rank-{rank} tensor")
+    if not all(isinstance(p, int) for p in pads):
+        L.unsupported(f"padding by amounts that depend on the input's shape ({list(pads)})")
+    if mode not in PAD_MODES:
+        L.unsupported(f"pad mode '{mode}'")
+    low, high = [0] * rank, [0] * rank
+    for k in range(len(pads) // 2):
+        low[rank - 1 - k], high[rank - 1 - k] = pads[2 * k], pads[2 * k + 1]
+    return L.op("cuvil.pad", x, low=low, high=high, mode=mode, value=float(value or 0))
+
+
 def unsqueeze(L: Lowering, x, dim):
     return L.op("cuvil.unsqueeze", x, dim=L.axis(dim, x.type.rank + 1))
 
@@ -351,9 +373,156 @@ def _single(v) -> int:
 
 
 def convolution(L: Lowering, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed or weight.type.rank not in (3, 4):
-        L.unsupported("only 1-d and 2-d non-transposed convolutions are supported")
+    if weight.type.rank not in (3, 4):
+        L.unsupported("only 1-d and 2-d convolutions are supported")
+    if transposed:
+        return conv_transpose(L, x, weight, bias, stride, padding, output_padding, groups, dilation)
     return (conv1d if weight.type.rank == 3 else conv2d)(L, x, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose(L: Lowering, x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """A transposed convolution (1-d or 2-d) as a stride-1 convolution followed by a pixel shuffle.
+
+    Output row o = q * s + r of phase r sums x[q + t] * w[ky] over the taps with ky * d = r (mod s),
+    t = (r - ky * d) / s. So each of the s phases (per axis) is an ordinary convolution of x, padded
+    by P = d * (k - 1) // s before, with a kernel of P + 1 taps picked from w (zero where no tap
+    falls); the phases become extra output channels of one convolution, which a reshape and
+    permute interleave into rows and columns, and a slice crops to the output. No multiplication
+    by inserted zeros, as a convolution over the stride-dilated input would do."""
+    if x.type.rank == weight.type.rank - 1:     # unbatched
+        out = conv_transpose(L, L.op("cuvil.unsqueeze", x, dim=0), weight, bias, stride, padding, output_padding,
+                             groups, dilation)
+        return L.op("cuvil.squeeze", out, dims=[0])
+    if weight.type.rank == 3:                   # 1-d: images one row high
+        out = conv_transpose(L, L.op("cuvil.unsqueeze", x, dim=2), L.op("cuvil.unsqueeze", weight, dim=2), bias,
+                             [1, _single(stride)], [0, _single(padding)], [0, _single(output_padding)], groups,
+                             [1, _single(dilation)])
+        return L.op("cuvil.squeeze", out, dims=[2])
+    stride, padding, output_padding, dilation = map(pair, (stride, padding, output_padding, dilation))
+    cin, cout_g, *k = weight.type.shape
+    if not all(isinstance(v, int) for v in (cin, cout_g, *k)):
+        L.unsupported(f"a transposed convolution weight of symbolic shape {weight.type}")
+    taps = [(d * (kk - 1)) // s + 1 for kk, s, d in zip(k, stride, dilation)]
+    # the weight: a zero tap appended on each axis, the phases' taps picked, the phases made channels
+    w = L.op("cuvil.pad", weight, low=[0, 0, 0, 0], high=[0, 0, 1, 1], mode="constant", value=0.0)
+    for axis, (kk, s, d, n) in enumerate(zip(k, stride, dilation, taps)):
+        picks = [kk] * (s * n)                  # phase r, tap j -> kernel index (kk: the zero tap)
+        for ky in range(kk):
+            picks[(ky * d) % s * n + (n - 1) - (ky * d) // s] = ky
+        w = L.op("cuvil.index_select", w, L.constant("conv_transpose.taps", torch.tensor(picks)), dim=2 + axis)
+    (sh, sw), (nh, nw) = stride, taps
+    w = L.op("cuvil.reshape", w, shape=[groups, cin // groups, cout_g, sh, nh, sw, nw])
+    w = L.op("cuvil.permute", w, perm=[0, 3, 5, 2, 1, 4, 6])
+    w = L.op("cuvil.reshape", w, shape=[groups * sh * sw * cout_g, cin // groups, nh, nw])
+    # rows past the input: enough phases' rows to reach the last output row (output_padding included)
+    after = [max(0, -(-(d * (kk - 1) + op + 1 - p) // s) - 1)
+             for kk, s, d, p, op in zip(k, stride, dilation, padding, output_padding)]
+    xp = L.op("cuvil.pad", x, low=[0, 0, nh - 1, nw - 1], high=[0, 0, *after], mode="constant", value=0.0)
+    y = L.op("cuvil.conv2d", xp, w, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=groups)
+    n_, _, qh, qw = y.type.shape
+    y = L.op("cuvil.reshape", y, shape=[n_, groups, sh, sw, cout_g, qh, qw])
+    y = L.op("cuvil.permute", y, perm=[0, 1, 4, 5, 2, 6, 3])
+    y = L.op("cuvil.reshape", y, shape=[n_, groups * cout_g, qh * sh, qw * sw])
+    for axis, (kk, s, d, p, op) in enumerate(zip(k, stride, dilation, padding, output_padding)):
+        size = norm_dim((sympy.sympify(x.type.shape[2 + axis]) - 1) * s - 2 * p + d * (kk - 1) + op + 1)
+        y = L.op("cuvil.slice", y, dim=2 + axis, start=[p], end=[norm_dim(p + sympy.sympify(size))], step=1)
+    if bias is not None:        # after the shuffle: one bias per channel, not one per phase and channel
+        y = L.op("cuvil.add", y, L.op("cuvil.reshape", bias, shape=[groups * cout_g, 1, 1]))
+    return y
+
+
+# ----------------------------------------------------------------------------- resampling
+
+def resample(overload, align: bool):
+    """aten.upsample_*.vec and _upsample_*_aa.vec: each resized axis, from the last, as a weighted
+    sum of gathers along it. The taps and weights are torch's own: the same overload run at compile
+    time on one-hot probes (so every mode, align_corners, scale and antialias rule is eager's).
+    Nearest upscaling by an integer factor is a view instead (any size, symbolic too)."""
+    def row(L: Lowering, x, output_size, *args):
+        align_corners, scales = args if align else (None, args[0])
+        out_shape = L.out_shape()
+        spatial = len(out_shape) - 2
+        for j in reversed(range(spatial)):
+            axis = 2 + j
+            n_in, n_out = x.type.shape[axis], out_shape[axis]
+            if dims_equal(n_in, n_out):
+                continue
+            factor = _integer_factor(n_in, n_out)
+            if not align and factor is not None and (scales is None or scales[j] == factor):
+                x = _repeat_each(L, x, axis, factor)
+                continue
+            if not (isinstance(n_in, int) and isinstance(n_out, int)):
+                L.unsupported(f"{overload} of a symbolic size ({n_in} -> {n_out}) other than nearest upscaling "
+                              f"by an integer factor")
+            picks, weights = _resampling_taps(overload, align, spatial, j, n_in, n_out, align_corners, scales)
+            x = _weighted_gathers(L, x, axis, picks, weights)
+        return x
+    return row
+
+
+def _integer_factor(n_in, n_out) -> int | None:
+    ratio = sympy.sympify(n_out) / sympy.sympify(n_in)
+    return int(ratio) if ratio.is_Integer and ratio > 1 else None
+
+
+def _repeat_each(L: Lowering, x, axis: int, factor: int):
+    """Every element along `axis` repeated `factor` times in place (nearest upscaling) as views."""
+    shape = list(x.type.shape)
+    y = L.op("cuvil.unsqueeze", x, dim=axis + 1)
+    y = L.op("cuvil.expand", y, shape=shape[:axis + 1] + [factor] + shape[axis + 1:])
+    return L.op("cuvil.reshape", y, shape=shape[:axis] + [norm_dim(sympy.sympify(shape[axis]) * factor)]
+                + shape[axis + 1:])
+
+
+def _resampling_taps(overload, align: bool, spatial: int, j: int, n_in: int, n_out: int, align_corners, scales):
+    """(source index, weight) tables, [taps, n_out] each, of resizing spatial axis j: the overload
+    run on n_in one-hot rows, the other axes of size 2 left as they are (size 1 would do, but the
+    antialiased kernels weigh a size-1 axis wrongly). Unused taps read element 0 with weight 0."""
+    probe = torch.eye(n_in).reshape(n_in, 1, *(n_in if i == j else 1 for i in range(spatial)))
+    probe = probe.expand(n_in, 1, *(n_in if i == j else 2 for i in range(spatial))).contiguous()
+    size = None if scales is not None else [n_out if i == j else 2 for i in range(spatial)]
+    scale = None if scales is None else [scales[j] if i == j else 1.0 for i in range(spatial)]
+    with torch.no_grad():
+        out = overload(probe, size, align_corners, scale) if align else overload(probe, size, scale)
+    matrix = out[(slice(None), 0, *(slice(None) if i == j else 0 for i in range(spatial)))]
+    taps = max(1, int((matrix != 0).sum(0).max()))
+    picks, weights = torch.zeros(taps, n_out, dtype=torch.int64), torch.zeros(taps, n_out)
+    for o in range(n_out):
+        rows = matrix[:, o].nonzero().flatten()
+        picks[:len(rows), o], weights[:len(rows), o] = rows, matrix[rows, o]
+    return picks, weights
+
+
+def _weighted_gathers(L: Lowering, x, axis: int, picks, weights):
+    rank, dtype = x.type.rank, x.type.dtype
+    out = None
+    for t in range(picks.shape[0]):
+        term = L.op("cuvil.index_select", x, L.constant("resample.taps", picks[t]), dim=axis)
+        if not bool((weights[t] == 1).all()):
+            w = weights[t].to(dtype.torch).reshape(-1, *(1,) * (rank - 1 - axis))
+            term = L.op("cuvil.mul", term, L.constant("resample.weights", w))
+        out = term if out is None else L.op("cuvil.add", out, term)
+    return out
+
+
+def pixel_shuffle(L: Lowering, x, r):
+    """[..., C*r*r, H, W] -> [..., C, H*r, W*r] as a reshape, permute and reshape."""
+    *lead, c, h, w = x.type.shape
+    n = len(lead)
+    y = L.op("cuvil.reshape", x, shape=[*lead, norm_dim(sympy.sympify(c) / (r * r)), r, r, h, w])
+    y = L.op("cuvil.permute", y, perm=[*range(n), n, n + 3, n + 1, n + 4, n + 2])
+    return L.op("cuvil.reshape", y, shape=[*lead, norm_dim(sympy.sympify(c) / (r * r)),
+                                         norm_dim(sympy.sympify(h) * r), norm_dim(sympy.sympify(w) * r)])
+
+
+def pixel_unshuffle(L: Lowering, x, r):
+    """[..., C, H*r, W*r] -> [..., C*r*r, H, W]."""
+    *lead, c, h, w = x.type.shape
+    n = len(lead)
+    hh, ww = norm_dim(sympy.sympify(h) / r), norm_dim(sympy.sympify(w) / r)
+    y = L.op("cuvil.reshape", x, shape=[*lead, c, hh, r, ww, r])
+    y = L.op("cuvil.permute", y, perm=[*range(n), n, n + 2, n + 4, n + 1, n + 3])
+    return L.op("cuvil.reshape", y, shape=[*lead, norm_dim(sympy.sympify(c) * r * r), hh, ww])
 
 
 def max_pool2d(L: Lowering, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -552,7 +721,16 @@ ATEN_TABLE = {
     aten.conv1d.default: conv1d,
     aten.conv2d.default: conv2d,
     aten.convolution.default: convolution,
+    aten.conv_transpose1d.default: conv_transpose,
+    aten.conv_transpose2d.input: conv_transpose,
     aten.max_pool2d.default: max_pool2d,
+    **{op: resample(op, align) for op, align in (
+        (aten.upsample_nearest1d.vec, False), (aten.upsample_nearest2d.vec, False),
+        (aten._upsample_nearest_exact1d.vec, False), (aten._upsample_nearest_exact2d.vec, False),
+        (aten.upsample_linear1d.vec, True), (aten.upsample_bilinear2d.vec, True), (aten.upsample_bicubic2d.vec, True),
+        (aten._upsample_bilinear2d_aa.vec, True), (aten._upsample_bicubic2d_aa.vec, True))},
+    aten.pixel_shuffle.default: pixel_shuffle,
+    aten.pixel_unshuffle.default: pixel_unshuffle,
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.avg_pool2d.default: avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
@@ -573,6 +751,9 @@ ATEN_TABLE = {
     aten.split_with_sizes.default: split,
     aten.split.Tensor: split,
     aten.cat.default: cat,
+    aten.pad.default: pad,
+    aten.flip.default: flip,
+    aten.constant_pad_nd.default: lambda L, x, pads, value=0: pad(L, x, pads, "constant", value),
     aten.unsqueeze.default: unsqueeze,
     aten.squeeze.default: squeeze,
     aten.squeeze.dim: squeeze,

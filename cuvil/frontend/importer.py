@@ -98,6 +98,13 @@ class Lowering:
                                           [TensorType(dtype, tuple(c.tensor.shape))]).result
         return c.value
 
+    def constant(self, stem: str, tensor: torch.Tensor) -> Value:
+        """A new module constant holding `tensor`, named `stem` (made unique)."""
+        name, n = stem, 1
+        while name in self.module.constants:
+            name, n = f"{stem}.{n}", n + 1
+        return self.const(_Const(name, tensor))
+
     def cast(self, v: Value, dtype: DType) -> Value:
         return v if v.type.dtype is dtype else self.op("cuvil.cast", v, dtype=dtype)
 

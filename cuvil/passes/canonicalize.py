@@ -232,6 +232,10 @@ def slice_whole(op: Operation, rw: Rewriter) -> bool:
     return whole and _replace_if_same(op, op.operands[0], rw)
 
 
+def pad_nothing(op: Operation, rw: Rewriter) -> bool:
+    return not any(op.attrs["low"]) and not any(op.attrs["high"]) and _replace_if_same(op, op.operands[0], rw)
+
+
 def squeeze_noop(op: Operation, rw: Rewriter) -> bool:
     return not op.attrs["dims"] and _replace_if_same(op, op.operands[0], rw)
 
@@ -260,6 +264,7 @@ PATTERNS = {
     "cuvil.permute": [permute_identity, permute_permute],
     "cuvil.expand": [expand_noop],
     "cuvil.slice": [slice_whole],
+    "cuvil.pad": [pad_nothing],
     "cuvil.squeeze": [squeeze_noop, squeeze_unsqueeze],
     "cuvil.unsqueeze": [unsqueeze_squeeze],
 }

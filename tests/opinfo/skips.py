@@ -84,6 +84,10 @@ _ZOO = ("no OpInfo sample exports to it; the Hugging Face zoo models (tests/diff
         "through {}")
 
 UNMAPPED: dict[str, str] = {
+    "aten._upsample_bilinear2d_aa.vec": "OpInfo's interpolate samples never set antialias=True; "
+                                        "tests/codegen/test_resample.py compares it with eager",
+    "aten._upsample_bicubic2d_aa.vec": "as _upsample_bilinear2d_aa: no antialiased OpInfo sample; "
+                                       "tests/codegen/test_resample.py compares it with eager",
     "aten._to_copy.default": _DECOMPOSED.format("aten.to.dtype (the float, long and bool OpInfos)"),
     "aten._native_batch_norm_legit_no_training.default": _DECOMPOSED.format("aten.batch_norm.default"),
     "aten.dropout.default": "OpInfo's dropout samples run in training mode (random), which Cuvil sends through "
@@ -104,9 +108,10 @@ UNMAPPED: dict[str, str] = {
                                          "so no OpInfo sample exports to the underscored form",
     "aten.reshape.default": "reshape is CompositeImplicitAutograd: torch.export always turns it into "
                             "view/_unsafe_view (the reshape OpInfo runs under aten.view.default)",
-    "aten.convolution.default": "OpInfo's 1-d and 2-d convolutions export as aten.conv1d and aten.conv2d; "
-                                "aten.convolution comes from a module's forward (covered by the model tests) "
-                                "and from conv3d/transposed convolutions, which this row refuses by design",
+    "aten.convolution.default": "OpInfo's 1-d and 2-d convolutions export as aten.conv1d, aten.conv2d and "
+                                "aten.conv_transpose1d/2d; aten.convolution comes from a module's forward and "
+                                "from decompositions (covered by the model tests: tests/codegen/"
+                                "test_transposed_conv.py), and from 3-d convolutions, which this row refuses",
     "aten.lift_fresh_copy.default": "no OpInfo sample reaches it: torch 2.13 exports a tensor literal as a lifted "
                                     "constant plus aten.clone",
     "aten.detach.default": "of the OpInfos only nanmean calls .detach(), and its decomposition also needs isnan, "

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import cuvil
 from cuvil import ir
 from cuvil.frontend import import_model
 from cuvil.frontend.annotations import function_annotations
@@ -118,9 +119,33 @@ def factories(x: "f32[B,S]"):
             x.new_zeros(x.shape), torch.arange(1, s + 1, 2), x + torch.tensor(3.0), torch.arange(4.0) * 0.5)
 
 
-@pytest.mark.parametrize("fn", [slicing, reshaping, splitting, indexing, factories])
+def padding(x: "f32[B,S]", i: "i64[B,6]"):
+    img = x.unsqueeze(1).expand(-1, 3, -1)[:, :, :4]       # [B, 3, 4]: static padded dims
+    return (F.pad(x, (2, 1)), F.pad(x, (-1, 3, 1, 0), value=2.5), F.pad(i, (1, 1), value=7),
+            F.pad(img, (3, 2), mode="reflect"), F.pad(img, (2, -1, 1, 1), mode="replicate"),
+            F.pad(img, (-1, 3), mode="circular"), torch.constant_pad_nd(x, (0, 0, 1, 1), -1.0))
+
+
+@pytest.mark.parametrize("fn", [slicing, reshaping, splitting, indexing, factories, padding])
 def test_shapes_and_indexing(fn):
     check(fn)
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ('low = [0, 4], high = [0, 0], mode = "reflect"', r"reflect padding of dim 1 \(size 4\) by 4 and 0 needs amounts "
+                                                     r"from 0 to the size - 1"),
+    ('low = [0, -3], high = [0, 2], mode = "circular"', r"needs what the negative amounts leave \(1\) to be at least "
+                                                       r"1 and the positive amounts"),
+    ('low = [0, -3], high = [0, -2]', r"padding dim 1 \(size 4\) by -3 and -2 leaves a negative size"),
+    ('low = [1, 1], high = [1, 1], mode = "wrap"', r"pad mode must be one of constant, reflect, replicate, circular"),
+])
+def test_pad_amounts_that_torch_refuses_are_refused_with_the_rule_and_the_line(attrs, message):
+    text = (f"cuvil.func @f(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {{\n"
+            f"  %0 = cuvil.pad %x {{{attrs}}} : tensor<2x4xf32> -> tensor<2x4xf32>\n"
+            f"  cuvil.return %0 : tensor<2x4xf32>\n}}\n")
+    with pytest.raises(cuvil.CuvilError, match=message) as info:
+        ir.parse(text)
+    assert "<text>:2:" in str(info.value)
 
 
 def test_symbolic_slice_bounds_and_strided_sizes():

@@ -670,6 +670,35 @@ def test_cat():
         build("cuvil.cat", [T(F32, 2, 3), T(F32, 2, 4)], {"dim": 0})
 
 
+def test_pad():
+    x = randn(3, 4)
+    types, (out,) = run("cuvil.pad", [x], {"low": [1, -1], "high": [0, 2], "value": 5.0}, types=[T(F32, s0, 4)])
+    assert types == [str(T(F32, s0 + 1, 5))]
+    want = np.full((4, 5), 5.0, np.float32)
+    want[1:, :3] = x.numpy()[:, 1:]
+    close(out, want)
+    types, (mirrored,) = run("cuvil.pad", [x], {"low": [0, 3], "high": [0, 2], "mode": "reflect"})
+    assert types == ["tensor<3x9xf32>"]
+    close(mirrored, np.pad(x.numpy(), ((0, 0), (3, 2)), mode="reflect"))
+    types, (edge,) = run("cuvil.pad", [x], {"low": [2, -1], "high": [0, 5], "mode": "replicate"})
+    close(edge, np.pad(x.numpy(), ((2, 0), (0, 5)), mode="edge")[:, 1:])
+    types, (wrapped,) = run("cuvil.pad", [x], {"low": [0, -1], "high": [0, 3], "mode": "circular"})
+    close(wrapped, np.pad(x.numpy()[:, 1:], ((0, 0), (0, 3)), mode="wrap"))
+    with pytest.raises(CuvilVerifyError, match="reflect padding of dim 1 needs a static size, got s0"):
+        build("cuvil.pad", [T(F32, 3, s0)], {"low": [0, 1], "high": [0, 1], "mode": "reflect"})
+    with pytest.raises(CuvilVerifyError, match="low and high amounts for each of the 2 dims"):
+        build("cuvil.pad", [T(F32, 3, 4)], {"low": [1], "high": [1]})
+
+
+def test_flip():
+    x = randn(3, 4, 2)
+    types, (out,) = run("cuvil.flip", [x], {"dims": [0, 2]}, types=[T(F32, s0, 4, 2)])
+    assert types == [str(T(F32, s0, 4, 2))]
+    close(out, x.numpy()[::-1, :, ::-1])
+    with pytest.raises(CuvilVerifyError, match="repeats an axis"):
+        build("cuvil.flip", [T(F32, 3, 4)], {"dims": [1, 1]})
+
+
 def test_split():
     x = randn(7, 2)
     m, op = build("cuvil.split", [T(F32, s0, 2)], {"dim": 0, "sizes": [s0 - 3, 1, 2]})

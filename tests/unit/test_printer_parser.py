@@ -157,6 +157,9 @@ cuvil.func @layout(%x: tensor<s0x(1 + s1)x6xf32>, %idx: tensor<3xi64>) -> (tenso
   %16 = cuvil.gather %14, %15 {dim = 1} : (tensor<6x6xf32>, tensor<6x6xi64>) -> tensor<6x6xf32>
   %17 = cuvil.copy %16 : tensor<6x6xf32> -> tensor<6x6xf32>
   %18 = cuvil.index %x, %idx : (tensor<s0x(1 + s1)x6xf32>, tensor<3xi64>) -> tensor<3x(1 + s1)x6xf32>
+  %19 = cuvil.pad %x {low = [0, 1, -2], high = [1, 0, 3], value = 2.5} : tensor<s0x(1 + s1)x6xf32> -> tensor<(1 + s0)x(2 + s1)x7xf32>
+  %20 = cuvil.pad %x {low = [0, 0, 2], high = [0, 0, 1], mode = "reflect"} : tensor<s0x(1 + s1)x6xf32> -> tensor<s0x(1 + s1)x9xf32>
+  %21 = cuvil.flip %x {dims = [0, 2]} : tensor<s0x(1 + s1)x6xf32> -> tensor<s0x(1 + s1)x6xf32>
   cuvil.return %2, %11, %17 : tensor<(2*s0)x(1 + s1)x3xf32>, tensor<s0x3x6xf32>, tensor<6x6xf32>
 }
 """

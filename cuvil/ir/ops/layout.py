@@ -1,5 +1,5 @@
-"""Layout ops: views (reshape, permute, expand, slice, split, squeeze, unsqueeze, select),
-cat, index_select, gather, triu/tril, cumsum and copy."""
+"""Layout ops: views (reshape, permute, expand, slice, flip, split, squeeze, unsqueeze, select),
+cat, pad, index_select, gather, triu/tril, cumsum and copy."""
 from __future__ import annotations
 
 import sympy
@@ -175,6 +175,98 @@ class CatOp(OpDef):
     @staticmethod
     def evaluate(attrs, *xs):
         return torch.cat(xs, attrs["dim"])
+
+
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _check_pad_amounts(mode: str, d: int, size: Dim, lo: int, hi: int) -> None:
+    if not isinstance(size, int):
+        raise ValueError(f"{mode} padding of dim {d} needs a static size, got {size}")
+    if mode == "circular":
+        left = size - max(-lo, 0) - max(-hi, 0)
+        if left < 1 or max(lo, hi) > left:
+            raise ValueError(f"circular padding of dim {d} (size {size}) by {lo} and {hi} needs what the "
+                             f"negative amounts leave ({left}) to be at least 1 and the positive amounts")
+    elif lo < 0 or hi < 0 or max(lo, hi) >= size:
+        raise ValueError(f"reflect padding of dim {d} (size {size}) by {lo} and {hi} needs amounts from 0 to "
+                         f"the size - 1")
+
+
+@register_op
+class PadOp(OpDef):
+    """Pad every dim by `low[d]` elements before and `high[d]` after (one entry per dim). `constant`
+    fills with `value`, and a negative amount crops; `reflect` mirrors without repeating the edge
+    (amounts below the dim), `replicate` clamps the index into the dim (repeating the edge, or
+    cropping where negative), `circular` crops by the negative amounts
+    and then wraps around what is left (by at most its size). Like torch.nn.functional.pad, whose
+    pad list runs from the last dim backwards."""
+    name = "cuvil.pad"
+    operands = ("x",)
+    attrs = {"low": required("ints"), "high": required("ints"), "mode": optional("str", "constant"),
+             "value": optional("float", 0.0)}
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        low, high, mode = attrs["low"], attrs["high"], attrs["mode"]
+        if mode not in PAD_MODES:
+            raise ValueError(f"pad mode must be one of {', '.join(PAD_MODES)}, got '{mode}'")
+        if len(low) != x.rank or len(high) != x.rank:
+            raise ValueError(f"pad needs low and high amounts for each of the {x.rank} dims of {x}, "
+                             f"got low = {low}, high = {high}")
+        shape = []
+        for d, (size, lo, hi) in enumerate(zip(x.shape, low, high)):
+            if mode in ("reflect", "circular") and (lo or hi):
+                _check_pad_amounts(mode, d, size, lo, hi)
+            out = norm_dim(sympy.sympify(size) + lo + hi)
+            if isinstance(out, int) and out < 0:
+                raise ValueError(f"padding dim {d} (size {size}) by {lo} and {hi} leaves a negative size")
+            shape.append(out)
+        return [x.with_shape(shape)]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        mode = attrs["mode"]
+        if mode == "constant":
+            pads = [p for lo, hi in zip(reversed(attrs["low"]), reversed(attrs["high"])) for p in (lo, hi)]
+            return torch.nn.functional.pad(x, pads, value=attrs["value"])
+        # torch pads only the last one to three dims in these modes: gather each padded dim instead
+        for d, (lo, hi) in enumerate(zip(attrs["low"], attrs["high"])):
+            if lo or hi:
+                size = x.shape[d]
+                i = torch.arange(size + lo + hi) - lo
+                if mode == "replicate":
+                    i = i.clamp(0, size - 1)
+                elif mode == "reflect":
+                    i = torch.minimum(i.abs(), 2 * (size - 1) - i)
+                else:
+                    cut = max(-lo, 0)
+                    i = (i + lo - max(lo, 0)).remainder(size - cut - max(-hi, 0)) + cut
+                x = x.index_select(d, i)
+        return x
+
+
+@register_op
+class FlipOp(OpDef):
+    """Reverse the order of the elements along each of `dims`."""
+    name = "cuvil.flip"
+    operands = ("x",)
+    attrs = {"dims": required("ints")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        check_axes(attrs["dims"], x.rank)
+        return [x]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return torch.flip(x, attrs["dims"])
 
 
 @register_op
