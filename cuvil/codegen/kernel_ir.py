@@ -203,7 +203,7 @@ class FuncSig:
     result: str              # "same" (the argument dtype) or "bool"
 
 
-_UNARY_FLOAT = ("exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "floor", "ceil",
+_UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "floor", "ceil",
                 "round", "reciprocal")
 FUNCS: dict[str, FuncSig] = {
     **{f: FuncSig(1, _FLOAT, "same") for f in _UNARY_FLOAT},

@@ -66,7 +66,7 @@ SUM_LANES = 64
 # Independent vectors a latency-bound elementwise loop works on at once (`_latency_bound`); the
 # 20-op chain with six transcendental ops measured 29 -> 19 -> 18 us per 4096 elements for 1, 2, 4
 LATENCY_INTERLEAVE = 4
-LATENCY_FUNCS = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "pow", "sqrt", "rsqrt",
+LATENCY_FUNCS = frozenset({"exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "pow", "sqrt", "rsqrt",
                            "div", "reciprocal"})
 PAIRWISE_DEPTH = 64
 
@@ -769,7 +769,7 @@ FLOAT_OPS: dict[str, Callable] = {
     "sign": _float_sign,
     "floordiv": _float_floordiv,
     "rem": _float_rem,
-    **{f: _math(f) for f in ("exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "pow")},
+    **{f: _math(f) for f in ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "pow")},
     **{c: (lambda p: lambda em, x, y: em.b.fcmp_ordered(p, x, y))(p)
        for c, p in (("eq", "=="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
     "ne": lambda em, x, y: em.b.fcmp_unordered("!=", x, y),

@@ -1,7 +1,7 @@
 """Cuvil's own vectorisable math functions, written as LLVM IR.
 
-Generated code may call nothing outside its module except BLAS, so exp, log, tanh, erf, sigmoid,
-sin, cos and pow are defined here: branch-free (selects only) internal `alwaysinline` functions
+Generated code may call nothing outside its module except BLAS, so exp, log, log1p, expm1, tanh,
+erf, sigmoid, sin, cos and pow are defined here: branch-free (selects only) internal `alwaysinline` functions
 that LLVM inlines into the kernel loops and then vectorises like any other arithmetic.
 
 The f32 polynomials (exp, log, tanh, erf) were fitted for Cuvil by iteratively reweighted least
@@ -186,6 +186,33 @@ def _log(o: Ops, x):
     return o.sel(o.cmp(">=", x, o.c(0.0)), y, o.c(math.nan))          # x < 0 and nan -> nan
 
 
+def _log1p(o: Ops, x):
+    # log(u) for u = 1 + x, plus the rounding error of that sum relative to u: (x - (u - 1)) / u
+    # (u - 1 is exact). Where u rounds to 1, x itself is the answer (-0 stays -0); at x = -1 and
+    # x = inf the correction is 0/0 or inf - inf, and log(u) alone is the answer.
+    u = o.add(o.c(1.0), x)
+    correction = o.div(o.sub(x, o.sub(u, o.c(1.0))), u)
+    edge = o.b.or_(o.cmp("==", u, o.c(0.0)), o.cmp("==", x, o.c(math.inf)))
+    y = o.add(_log(o, u), o.sel(edge, o.c(0.0), correction))
+    return o.sel(o.cmp("==", u, o.c(1.0)), x, y)
+
+
+def _expm1(o: Ops, x):
+    # x = n ln2 + r: expm1(x) = 2^n expm1(r) + (2^n - 1), with expm1(r) = r + r^2 EXP(r) (exp's
+    # polynomial without its 1) and one rounding in the fused multiply-add. It is computed as
+    # 2 (h expm1(r) + h - 1/2) with h = 2^(n-1), so that n = 128 (x near 88.7, a finite result)
+    # does not overflow h. Below -30 the result rounds to -1 (clamped there: h stays normal);
+    # above 89 it is inf.
+    xs = o.sel(o.cmp(">", x, o.c(89.0)), o.c(89.0), o.sel(o.cmp("<", x, o.c(-30.0)), o.c(-30.0), x))
+    n, ni = _round_log2e(o, xs)
+    r = o.fma(n, o.c(-LN2_HI), xs)
+    r = o.fma(n, o.c(-LN2_LO), r)
+    p = o.fma(o.mul(r, r), o.poly(r, EXP), r)
+    h = o.pow2(o.b.sub(ni, o.ic(1)))
+    y = o.mul(o.c(2.0), o.fma(h, p, o.sub(h, o.c(0.5))))
+    return o.sel(o.cmp("==", x, o.c(0.0)), x, y)      # -0 stays -0
+
+
 def _tanh(o: Ops, x):
     z = o.unary("fabs", x)
     z2 = o.mul(z, z)
@@ -360,7 +387,7 @@ def _pow(o32: Ops, a, y):
     return b.fptrunc(res, F32)
 
 
-F32_FUNCS = {"exp": _exp, "log": _log, "tanh": _tanh, "erf": _erf, "sigmoid": _sigmoid, "sin": _sin, "cos": _cos,
+F32_FUNCS = {"exp": _exp, "log": _log, "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf, "sigmoid": _sigmoid, "sin": _sin, "cos": _cos,
              "pow": _pow}
 
 

@@ -58,10 +58,18 @@ def parse_annotation(text: str, where: str = "annotation") -> TensorAnnotation:
     return TensorAnnotation(dtype, tuple(dims))
 
 
+def signature(fn) -> inspect.Signature:
+    """fn's signature; a builtin without one (torch.exp) takes its arguments as `*args`."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
+
+
 def function_annotations(fn) -> dict[str, TensorAnnotation]:
     """The parameters of `fn` annotated with shape strings, in order; other parameters are skipped."""
     out = {}
-    for name, p in inspect.signature(fn).parameters.items():
+    for name, p in signature(fn).parameters.items():
         if isinstance(p.annotation, str) and "[" in p.annotation:
             out[name] = parse_annotation(p.annotation, f"parameter '{name}' of {getattr(fn, '__name__', fn)}")
     return out

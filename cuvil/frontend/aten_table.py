@@ -15,6 +15,7 @@ torch's own result metadata (`L.out_shape()`), already expressed in Cuvil's symb
 from __future__ import annotations
 
 import functools
+import math
 import operator
 
 import sympy
@@ -276,6 +277,25 @@ def leaky_relu(L: Lowering, x, slope=0.01):
     return where(L, binary("cuvil.gt")(L, x, 0), x, binary("cuvil.mul")(L, x, slope))
 
 
+def elu(L: Lowering, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """scale * x above 0, scale * alpha * expm1(input_scale * x) at or below (selu and celu too)."""
+    neg = binary("cuvil.mul")(L, L.op("cuvil.expm1", _times(L, x, input_scale)), float(alpha) * float(scale))
+    return where(L, binary("cuvil.gt")(L, x, 0), _times(L, x, scale), neg)
+
+
+def softplus(L: Lowering, x, beta=1.0, threshold=20.0):
+    """log1p(exp(beta * x)) / beta, and x itself where beta * x is above the threshold."""
+    bx = _times(L, x, beta)
+    soft = L.op("cuvil.log1p", L.op("cuvil.exp", bx))
+    return where(L, binary("cuvil.gt")(L, bx, threshold), x, soft if beta == 1 else binary("cuvil.div")(L, soft, beta))
+
+
+def log_sigmoid(L: Lowering, x):
+    """min(x, 0) - log1p(exp(-|x|)): no overflow at either end."""
+    tail = L.op("cuvil.log1p", L.op("cuvil.exp", L.op("cuvil.neg", L.op("cuvil.abs", x))))
+    return L.op("cuvil.sub", binary("cuvil.minimum")(L, x, 0.0), tail)
+
+
 def var(L: Lowering, x, dims=None, correction=None, keepdim=False):
     correction = 1.0 if correction is None else float(correction)
     return L.op("cuvil.var", x, dims=_reduced_axes(L, dims, x), correction=correction, keepdim=keepdim)
@@ -285,6 +305,83 @@ def max_dim(L: Lowering, x, dim, keepdim=False):
     values = L.op("cuvil.amax", x, dims=_reduced_axes(L, [dim], x), keepdim=keepdim)
     ordered = L.cast(x, DType.i8) if x.type.dtype is DType.bool else x     # argmax orders numbers, not bools
     return values, arg_reduction("cuvil.argmax")(L, ordered, dim, keepdim)
+
+
+def min_dim(L: Lowering, x, dim, keepdim=False):
+    values = L.op("cuvil.amin", x, dims=_reduced_axes(L, [dim], x), keepdim=keepdim)
+    ordered = L.cast(x, DType.i8) if x.type.dtype is DType.bool else x
+    return values, arg_reduction("cuvil.argmin")(L, ordered, dim, keepdim)
+
+
+def truth(L: Lowering, x):
+    """x != 0 as a bool tensor (x itself when it is one)."""
+    return x if x.type.dtype is DType.bool else binary("cuvil.ne")(L, x, 0)
+
+
+def any_(L: Lowering, x, dims=None, keepdim=False):
+    return L.op("cuvil.amax", truth(L, x), dims=_reduced_axes(L, [dims] if isinstance(dims, int) else dims, x),
+                keepdim=bool(keepdim))
+
+
+def all_(L: Lowering, x, dims=None, keepdim=False):
+    """Every element true: none false."""
+    return L.op("cuvil.logical_not", any_(L, L.op("cuvil.logical_not", truth(L, x)), dims, keepdim))
+
+
+def clamp_tensor(L: Lowering, x, lo=None, hi=None):
+    """clamp with tensor bounds: max(x, lo), then min(., hi) (NaN in either propagates, as in torch)."""
+    y = x if lo is None else binary("cuvil.maximum")(L, x, lo)
+    return y if hi is None else binary("cuvil.minimum")(L, y, hi)
+
+
+def vector_norm(L: Lowering, x, ord=2, dims=None, keepdim=False, dtype=None):
+    """torch.linalg.vector_norm: sum(|x|^ord)^(1/ord); inf / -inf the largest / smallest |x|, 0 the
+    count of non-zeros."""
+    if dtype is not None:
+        x = L.cast(x, DType.from_torch(dtype))
+    axes, keep = _reduced_axes(L, dims, x), bool(keepdim)
+    mag = L.op("cuvil.abs", x)
+    if ord in (math.inf, -math.inf):
+        return L.op("cuvil.amax" if ord > 0 else "cuvil.amin", mag, dims=axes, keepdim=keep)
+    if ord == 0:
+        return L.op("cuvil.sum", L.cast(truth(L, x), x.type.dtype), dims=axes, keepdim=keep)
+    if ord == 1:
+        return L.op("cuvil.sum", mag, dims=axes, keepdim=keep)
+    if ord == 2:
+        return L.op("cuvil.sqrt", L.op("cuvil.sum", L.op("cuvil.mul", x, x), dims=axes, keepdim=keep))
+    total = L.op("cuvil.sum", binary("cuvil.pow")(L, mag, float(ord)), dims=axes, keepdim=keep)
+    return binary("cuvil.pow")(L, total, 1.0 / float(ord))
+
+
+def repeat(L: Lowering, x, repeats):
+    """x tiled `repeats` times along each dim (leading repeats add dims): per dim, a new axis in
+    front expanded to the count, then merged into the dim. Views only."""
+    shape = [1] * (len(repeats) - x.type.rank) + list(x.type.shape)
+    y = L.op("cuvil.reshape", x, shape=shape) if len(shape) != x.type.rank else x
+    tiled = [d for r, n in zip(repeats, shape) for d in (r, n)]
+    y = L.op("cuvil.reshape", y, shape=[d for n in shape for d in (1, n)])
+    y = L.op("cuvil.expand", y, shape=tiled)
+    return L.op("cuvil.reshape", y, shape=[norm_dim(sympy.sympify(n) * r) for r, n in zip(repeats, shape)])
+
+
+def roll(L: Lowering, x, shifts, dims=()):
+    """Each dim rotated by its shift: a circular pad by the shift, cut back to the dim's size (the
+    index becomes (i - shift) mod size). Without dims, the flattened tensor is rolled."""
+    if not dims:
+        flat = L.op("cuvil.reshape", x, shape=[-1])
+        return L.op("cuvil.reshape", roll(L, flat, shifts, [0]), shape=list(x.type.shape))
+    rank, y = x.type.rank, x
+    for shift, dim in zip(shifts, dims):
+        d = L.axis(dim, rank)
+        size = y.type.shape[d]
+        if not isinstance(size, int):
+            L.unsupported(f"roll along a dim of symbolic size {size}")
+        k = shift % size if size else 0
+        if k:
+            low = [k if i == d else 0 for i in range(rank)]
+            y = L.op("cuvil.pad", y, low=low, high=[0] * rank, mode="circular", value=0.0)
+            y = L.op("cuvil.slice", y, dim=d, start=[0], end=[size], step=1)
+    return y
 
 
 def _ones(L: Lowering, shape, like):
@@ -309,6 +406,36 @@ def layer_norm(L: Lowering, x, normalized_shape, weight=None, bias=None, eps=1e-
 def native_layer_norm(L: Lowering, x, normalized_shape, weight, bias, eps):
     missing = Unavailable("the saved mean/rstd of native_layer_norm (training-only outputs)")
     return layer_norm(L, x, normalized_shape, weight, bias, eps), missing, missing
+
+
+def group_norm(L: Lowering, x, groups, weight=None, bias=None, eps=1e-5, *_):
+    """[N, C, *S] normalised over each group of C/groups channels and S: a layer norm over the
+    last dims of [N, groups, C/groups, *S], then the per-channel affine."""
+    n, c, *spatial = x.type.shape
+    if not isinstance(c, int) or c % groups:
+        L.unsupported(f"group_norm of {c} channels in {groups} groups")
+    y = L.op("cuvil.reshape", x, shape=[n, groups, c // groups, *spatial])
+    y = L.op("cuvil.layer_norm", y, normalized_ndim=1 + len(spatial), eps=float(eps))
+    y = L.op("cuvil.reshape", y, shape=[n, c, *spatial])
+    per_channel = [c] + [1] * len(spatial)
+    if weight is not None:
+        y = L.op("cuvil.mul", y, L.op("cuvil.reshape", weight, shape=per_channel))
+    if bias is not None:
+        y = L.op("cuvil.add", y, L.op("cuvil.reshape", bias, shape=per_channel))
+    return y
+
+
+def native_group_norm(L: Lowering, x, weight, bias, _n, _c, _hw, groups, eps):
+    missing = Unavailable("the saved mean/rstd of native_group_norm (training-only outputs)")
+    return group_norm(L, x, groups, weight, bias, eps), missing, missing
+
+
+def instance_norm(L: Lowering, x, weight, bias, mean, var_, use_input_stats, momentum, eps, *_):
+    """Each sample's channels normalised over their own spatial dims (group norm with a group per
+    channel); with running statistics instead (track_running_stats in eval), a batch norm."""
+    if not use_input_stats:
+        return batch_norm(L, x, weight, bias, mean, var_, momentum, eps)[0]
+    return group_norm(L, x, x.type.shape[1], weight, bias, eps)
 
 
 def rms_norm(L: Lowering, x, normalized_shape, weight=None, eps=None):
@@ -624,6 +751,14 @@ ATEN_TABLE = {
     aten.abs.default: unary("cuvil.abs"),
     aten.exp.default: unary("cuvil.exp"),
     aten.log.default: unary("cuvil.log"),
+    aten.log1p.default: unary("cuvil.log1p"),
+    aten.expm1.default: unary("cuvil.expm1"),
+    aten.elu.default: elu,
+    aten.selu.default: lambda L, x: elu(L, x, 1.6732632423543772848170429916717, 1.0507009873554804934193349852946),
+    aten.celu.default: lambda L, x, alpha=1.0: elu(L, x, alpha, 1.0, 1.0 / float(alpha)),
+    aten.softplus.default: softplus,
+    aten.mish.default: lambda L, x: L.op("cuvil.mul", x, L.op("cuvil.tanh", softplus(L, x))),
+    aten.log_sigmoid.default: log_sigmoid,
     aten.sqrt.default: unary("cuvil.sqrt"),
     aten.rsqrt.default: unary("cuvil.rsqrt"),
     aten.sin.default: unary("cuvil.sin"),
@@ -641,6 +776,8 @@ ATEN_TABLE = {
     aten.sign.default: unary("cuvil.sign"),
     aten.gelu.default: gelu,
     aten.clamp.default: clamp,
+    aten.clamp.Tensor: clamp_tensor,
+    aten.isnan.default: lambda L, x: binary("cuvil.ne")(L, x, x),
     aten.clamp_min.default: lambda L, x, lo: clamp(L, x, lo, None),
     aten.clamp_max.default: lambda L, x, hi: clamp(L, x, None, hi),
     aten.hardtanh.default: clamp,
@@ -700,6 +837,14 @@ ATEN_TABLE = {
     aten.prod.dim_int: reduction("cuvil.prod"),
     aten.var.correction: var,
     aten.max.dim: max_dim,
+    aten.min.dim: min_dim,
+    aten.any.default: any_,
+    aten.any.dim: any_,
+    aten.any.dims: any_,
+    aten.all.default: all_,
+    aten.all.dim: all_,
+    aten.all.dims: all_,
+    aten.linalg_vector_norm.default: vector_norm,
     aten.argmax.default: arg_reduction("cuvil.argmax"),
     aten.argmin.default: arg_reduction("cuvil.argmin"),
     aten.softmax.int: along_dim("cuvil.softmax"),
@@ -710,6 +855,9 @@ ATEN_TABLE = {
     aten.layer_norm.default: layer_norm,
     aten.native_layer_norm.default: native_layer_norm,
     aten.rms_norm.default: rms_norm,
+    aten.group_norm.default: group_norm,
+    aten.native_group_norm.default: native_group_norm,
+    aten.instance_norm.default: instance_norm,
     aten._native_batch_norm_legit_no_training.default: batch_norm,
     aten.batch_norm.default: inference_batch_norm,
     # linear algebra, convolution, pooling, attention
@@ -753,6 +901,8 @@ ATEN_TABLE = {
     aten.cat.default: cat,
     aten.pad.default: pad,
     aten.flip.default: flip,
+    aten.roll.default: roll,
+    aten.repeat.default: repeat,
     aten.constant_pad_nd.default: lambda L, x, pads, value=0: pad(L, x, pads, "constant", value),
     aten.unsqueeze.default: unsqueeze,
     aten.squeeze.default: squeeze,

@@ -18,7 +18,7 @@ from torch import nn
 from torch.export import Dim
 
 from ..errors import CuvilError
-from .annotations import check_example, examples_from_annotations, function_annotations
+from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
 from .locations import exception_frame, record_user_frames
 
@@ -48,7 +48,7 @@ def as_module(fn) -> nn.Module:
     def forward(self, *args, **kwargs):
         return fn(*args, **kwargs)
 
-    sig = inspect.signature(fn)
+    sig = signature(fn)
     self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     forward.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
     return type(getattr(fn, "__name__", "function"), (nn.Module,), {"forward": forward})()
@@ -122,7 +122,7 @@ _INFERENCE_ONLY = {
 def input_names(fn, count: int) -> list[str]:
     """Names of the first `count` positional inputs as torch.export names them (`*args` -> args_0, ...)."""
     names = []
-    for p in inspect.signature(fn).parameters.values():
+    for p in signature(fn).parameters.values():
         if p.kind is inspect.Parameter.VAR_POSITIONAL:
             names += [f"{p.name}_{i}" for i in range(count - len(names))]
         elif p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
@@ -133,7 +133,7 @@ def input_names(fn, count: int) -> list[str]:
 
 
 def _examples_from(annotations, fn, ranges) -> tuple:
-    params = list(inspect.signature(fn).parameters)
+    params = list(signature(fn).parameters)
     if not annotations or list(annotations) != params:
         raise CuvilError("no example inputs given, and not every parameter has a shape annotation "
                          "such as x: \"f32[B,512]\"")

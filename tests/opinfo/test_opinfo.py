@@ -37,6 +37,14 @@ OPINFOS: dict[str, list[str]] = {
     "aten.abs.default": ["abs"],
     "aten.exp.default": ["exp"],
     "aten.log.default": ["log"],
+    "aten.log1p.default": ["log1p"],
+    "aten.expm1.default": ["expm1"],
+    "aten.elu.default": ["nn.functional.elu"],
+    "aten.selu.default": ["nn.functional.selu"],
+    "aten.celu.default": ["nn.functional.celu"],
+    "aten.softplus.default": ["nn.functional.softplus"],
+    "aten.mish.default": ["nn.functional.mish"],
+    "aten.log_sigmoid.default": ["nn.functional.logsigmoid"],
     "aten.sqrt.default": ["sqrt"],
     "aten.rsqrt.default": ["rsqrt"],
     "aten.sin.default": ["sin"],
@@ -54,6 +62,8 @@ OPINFOS: dict[str, list[str]] = {
     "aten.sign.default": ["sign"],
     "aten.gelu.default": ["nn.functional.gelu"],
     "aten.clamp.default": ["nn.functional.hardsigmoid"],
+    "aten.clamp.Tensor": ["clamp"],
+    "aten.isnan.default": ["isnan"],
     "aten.clamp_min.default": ["nn.functional.margin_ranking_loss"],
     "aten.hardtanh.default": ["nn.functional.hardtanh"],
     "aten.leaky_relu.default": ["nn.functional.leaky_relu"],
@@ -106,6 +116,14 @@ OPINFOS: dict[str, list[str]] = {
     "aten.var.correction": ["var", "var[unbiased]"],
     "aten.max.dim": ["max[reduction_with_dim]"],
     "aten.argmax.default": ["argmax"],
+    "aten.min.dim": ["min[reduction_with_dim]"],
+    "aten.any.default": ["any"],
+    "aten.any.dim": ["any"],
+    "aten.any.dims": ["any"],
+    "aten.all.default": ["all"],
+    "aten.all.dim": ["all"],
+    "aten.all.dims": ["all"],
+    "aten.linalg_vector_norm.default": ["linalg.vector_norm"],
     "aten.argmin.default": ["argmin"],
     "aten.softmax.int": ["softmax"],
     "aten.log_softmax.int": ["log_softmax"],
@@ -113,6 +131,9 @@ OPINFOS: dict[str, list[str]] = {
     "aten.layer_norm.default": ["nn.functional.layer_norm"],
     "aten.native_layer_norm.default": ["native_layer_norm"],
     "aten.rms_norm.default": ["nn.functional.rms_norm"],
+    "aten.group_norm.default": ["nn.functional.group_norm"],
+    "aten.native_group_norm.default": ["native_group_norm"],
+    "aten.instance_norm.default": ["nn.functional.instance_norm"],
     "aten.batch_norm.default": ["nn.functional.batch_norm"],
     # linear algebra, convolution, pooling, attention
     "aten.linear.default": ["nn.functional.linear"],
@@ -135,6 +156,8 @@ OPINFOS: dict[str, list[str]] = {
     "aten.pixel_shuffle.default": ["nn.functional.pixel_shuffle"],
     "aten.pixel_unshuffle.default": ["nn.functional.pixel_unshuffle"],
     "aten.flip.default": ["flip", "fliplr", "flipud"],
+    "aten.roll.default": ["roll"],
+    "aten.repeat.default": ["repeat", "tile"],
     "aten.max_pool2d_with_indices.default": ["nn.functional.max_pool2d", "nn.functional.max_pool1d"],
     "aten.avg_pool2d.default": ["nn.functional.avg_pool2d"],
     "aten.adaptive_avg_pool2d.default": ["nn.functional.adaptive_avg_pool2d"],
@@ -204,6 +227,7 @@ TESTED_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "cumsum": FI, "cat": FIIB, "permute": FIB, "expand": FIB, "view": FI, "narrow": FIB, "select": FIB,
     "split": FI, "index_select": FIB, "gather": FI, "__getitem__": FIB, "triu": FIB, "tril": FI,
     "nn.functional.pad[constant]": FIB, "constant_pad_nd": FIB, "nn.functional.pad[replicate]": FI,
+    "any": FIB, "all": FIB, "min[reduction_with_dim]": FIB, "isnan": (f32,), "roll": FIB, "repeat": FIB, "tile": FI,
     "full": FIB, "zeros": FI, "ones": FIB, "arange": FI, "clone": FIB,
 }
 
@@ -211,6 +235,7 @@ TESTED_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
 # OpInfo -> the outputs compared, where Cuvil produces only the inference ones
 OUTPUTS: dict[str, tuple[int, ...]] = {
     "native_layer_norm": (0,),      # not the saved mean/rstd (training-only; Cuvil's row leaves them out)
+    "native_group_norm": (0,),
 }
 
 

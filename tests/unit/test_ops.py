@@ -68,13 +68,14 @@ def randn(*shape, seed=0):
 
 _erf = np.vectorize(math.erf)
 UNARY = {
-    "neg": lambda x: -x, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "neg": lambda x: -x, "abs": np.abs, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
+    "sqrt": np.sqrt,
     "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
     "silu": lambda x: x / (1 + np.exp(-x)), "erf": _erf, "reciprocal": lambda x: 1 / x,
     "logical_not": np.logical_not, "floor": np.floor, "ceil": np.ceil, "round": np.round, "sign": np.sign,
 }
-POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
+POSITIVE_ONLY = {"log", "log1p", "sqrt", "rsqrt"}
 
 
 @pytest.mark.parametrize("name", sorted(UNARY))
