@@ -25,7 +25,6 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-import math
 import threading
 import time
 import warnings
@@ -47,7 +46,7 @@ from .frontend.export import CuvilExportError, input_names
 from .passes import Pipeline
 from .report import CompileReport
 from .schedule import anchor_misses
-from ._native import TensorCall, TensorCallInput, TensorCallOutput
+from ._native import TensorCall
 from .runtime import get_num_threads, set_num_threads
 from .runtime.exprs import evaluate, to_postfix
 
@@ -351,16 +350,16 @@ MISS = object()      # what a fast path returns for a call it does not take
 
 
 def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
-    """For a variant with static shapes called with contiguous CPU tensors only, positionally: a
-    native callable (`cuvil._native.TensorCall`) that checks the call, allocates the outputs and
-    runs the engine, or returns MISS (and the caller takes the general path). It is `Guard.match`
-    then `NativeCall.run` with the per-call generality taken out, and no Python in between."""
-    if guard.static_shapes is None or guard.positional is None or call._static is None:
+    """For a variant called positionally with contiguous CPU tensors only: a native callable
+    (`cuvil._native.TensorCall`) that checks the call as the guard would, binds the symbols from
+    the input shapes, allocates the outputs and runs the engine, or returns MISS (and the caller
+    takes the general path). It is `Guard.match` then `NativeCall.run` with the per-call
+    generality taken out, and no Python in between."""
+    if guard.positional is None:
         return None
-    inputs = [TensorCallInput(dtype, list(shape), shape.numel() * dtype.itemsize)
-              for dtype, shape in guard.static_shapes]
-    outputs = [TensorCallOutput(shape, _numpy_dtype(dtype), dtype, math.prod(shape) * dtype.itemsize)
-               for (shape, _), dtype in zip(call._static, call.output_dtypes)]
+    inputs = [(c.dtype, c.rank, list(c.static), list(c.bind), list(c.derived), c.dtype.itemsize) for c in guard.checks]
+    outputs = [(shape, _numpy_dtype(dtype), dtype, dtype.itemsize)
+               for (shape, _), dtype in zip(call._outputs, call.output_dtypes)]
     spec = call.out_spec
     if spec.is_leaf():
         result, rebuild = 0, None
@@ -368,7 +367,7 @@ def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
         result, rebuild = 1, None
     else:
         result, rebuild = 2, functools.partial(unflatten_outputs, spec)
-    return TensorCall(call.engine, _tensor_api(), inputs, outputs, MISS, result, rebuild)
+    return TensorCall(call.engine, _tensor_api(), inputs, outputs, guard.ranges, MISS, result, rebuild)
 
 
 @functools.cache

@@ -387,8 +387,8 @@ def _pow(o32: Ops, a, y):
     return b.fptrunc(res, F32)
 
 
-F32_FUNCS = {"exp": _exp, "log": _log, "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf, "sigmoid": _sigmoid, "sin": _sin, "cos": _cos,
-             "pow": _pow}
+F32_FUNCS = {"exp": _exp, "log": _log, "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf,
+             "sigmoid": _sigmoid, "sin": _sin, "cos": _cos, "pow": _pow}
 
 
 class MathLib:

@@ -376,6 +376,8 @@ py::object make_capsule(std::shared_ptr<const Engine> engine) {
 
 }  // namespace
 
+Expr cuvil::read_expr(py::handle h, const std::string& where, int n_symbols) { return to_expr(h, where, n_symbols); }
+
 PYBIND11_MODULE(_native, m) {
     m.doc() = "Cuvil's native runtime: engines that run JIT-compiled kernels on a thread pool.";
     py::object cuvil_error = py::module_::import("cuvil.errors").attr("CuvilError");

@@ -252,6 +252,32 @@ def test_the_native_fast_path_returns_every_output_structure_as_eager_does(fn, k
                                                              torch.utils._pytree.tree_leaves(b)))
 
 
+def test_the_native_fast_path_binds_dynamic_sizes_as_the_guard_does():
+    from cuvil.compiled import MISS
+    torch.manual_seed(0)
+    m = cuvil.compile(lambda x, y: (x * y).sum(-1, keepdim=True) + x[:, :1], dynamic=[{0: "B", 1: "S"}, {0: "B", 1: "S"}],
+                      ranges={"B": (1, 16), "S": (2, 32)})
+    fast = None
+    for b, s in ((3, 4), (16, 32), (1, 2), (7, 9)):
+        x, y = torch.randn(b, s), torch.randn(b, s)
+        out = m(x, y)
+        fast = m._variants[0].fast
+        torch.testing.assert_close(out, (x * y).sum(-1, keepdim=True) + x[:, :1])
+        torch.testing.assert_close(fast((x, y)), out, rtol=0, atol=0)
+    assert m.num_variants == 1 and type(fast).__name__ == "TensorCall"
+    guard = m._variants[0].guard
+    calls = [(torch.randn(17, 4), torch.randn(17, 4)),     # B above its range
+             (torch.randn(3, 1), torch.randn(3, 1)),       # S below
+             (torch.randn(3, 4), torch.randn(4, 4)),       # B bound to 3 by x, 4 by y
+             (torch.randn(3, 4), torch.randn(3, 5)),       # S likewise
+             (torch.randn(3, 4, 1), torch.randn(3, 4)),    # rank
+             (torch.randn(3, 4).double(), torch.randn(3, 4))]
+    for call in calls:
+        assert guard.match(call, {}) is None
+        assert fast(call) is MISS
+    assert fast((torch.randn(5, 6), torch.randn(5, 6))) is not MISS
+
+
 def test_the_native_fast_path_refuses_what_is_not_a_plain_cpu_tensor():
     from cuvil.compiled import MISS
     m = cuvil.compile(lambda x: x * 2)
