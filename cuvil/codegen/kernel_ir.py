@@ -203,8 +203,8 @@ class FuncSig:
     result: str              # "same" (the argument dtype) or "bool"
 
 
-_UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "floor", "ceil",
-                "round", "reciprocal")
+_UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos",
+                "floor", "ceil", "round", "trunc", "reciprocal")
 FUNCS: dict[str, FuncSig] = {
     **{f: FuncSig(1, _FLOAT, "same") for f in _UNARY_FLOAT},
     **{f: FuncSig(1, _NUM, "same") for f in ("neg", "abs", "sign")},

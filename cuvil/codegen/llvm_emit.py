@@ -764,6 +764,7 @@ FLOAT_OPS: dict[str, Callable] = {
     "rsqrt": lambda em, x: em.b.fdiv(_one(em), _f("sqrt")(em, x)),
     "reciprocal": lambda em, x: em.b.fdiv(_one(em), x),
     "floor": _f("floor"),
+    "trunc": _f("trunc"),
     "ceil": _f("ceil"),
     "round": _f("roundeven"),                 # torch.round: half to even
     "sign": _float_sign,

@@ -86,7 +86,7 @@ for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "ta
     emitter(_name)((lambda fn: lambda attrs, x: call(fn, x))(_name))
 
 
-for _name in ("floor", "ceil", "round"):   # integers are already whole
+for _name in ("floor", "ceil", "round", "trunc"):   # integers are already whole
     emitter(_name)((lambda fn: lambda attrs, x: call(fn, x) if x.dtype.is_float else x)(_name))
 
 

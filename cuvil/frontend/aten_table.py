@@ -262,6 +262,8 @@ def div_mode(L: Lowering, a, b, rounding_mode=None):
         return binary("cuvil.div", int_to_float=True)(L, a, b)
     if rounding_mode == "floor":
         return binary("cuvil.floor_div")(L, a, b)
+    if rounding_mode == "trunc" and L.out_dtype().is_float:
+        return L.op("cuvil.trunc", binary("cuvil.div")(L, a, b))
     L.unsupported(f"rounding_mode={rounding_mode!r}")
 
 
@@ -752,6 +754,8 @@ ATEN_TABLE = {
     aten.exp.default: unary("cuvil.exp"),
     aten.log.default: unary("cuvil.log"),
     aten.log1p.default: unary("cuvil.log1p"),
+    aten.trunc.default: unary("cuvil.trunc"),
+    aten.frac.default: lambda L, x: L.op("cuvil.sub", x, L.op("cuvil.trunc", x)),
     aten.expm1.default: unary("cuvil.expm1"),
     aten.elu.default: elu,
     aten.selu.default: lambda L, x: elu(L, x, 1.6732632423543772848170429916717, 1.0507009873554804934193349852946),

@@ -73,7 +73,8 @@ UNARY = {
     "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
     "silu": lambda x: x / (1 + np.exp(-x)), "erf": _erf, "reciprocal": lambda x: 1 / x,
-    "logical_not": np.logical_not, "floor": np.floor, "ceil": np.ceil, "round": np.round, "sign": np.sign,
+    "logical_not": np.logical_not, "floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc,
+    "sign": np.sign,
 }
 POSITIVE_ONLY = {"log", "log1p", "sqrt", "rsqrt"}
 

@@ -90,6 +90,7 @@ LogicalNotOp = unary("logical_not", torch.logical_not, _boolean)
 FloorOp = unary("floor", torch.floor, _numeric)
 CeilOp = unary("ceil", torch.ceil, _numeric)
 RoundOp = unary("round", torch.round, _numeric)
+TruncOp = unary("trunc", torch.trunc, _numeric)
 SignOp = unary("sign", torch.sign, _same)
 
 
