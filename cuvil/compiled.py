@@ -36,6 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from .codegen import workers
 from .codegen.grouping import grouping_for
 from .codegen.target import CROSS_TARGETS, Target
 from .compiler import Compilation, compile_module, paused_gc, pipeline_for, symbol_sizes
@@ -474,7 +475,7 @@ class CompiledModel:
     def save(self, path) -> None:
         """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,
         object code, packed weights and guards. Loading needs neither the model nor torch.export."""
-        runnable = [v for v in self._variants if v.native.kernels.object_code]
+        runnable = [v for v in self._variants if v.native.kernels.objects]
         if not runnable:
             raise CuvilError(f"{self._name()}: nothing compiled to save yet; call the model (or compile_for) first")
         try:
@@ -647,6 +648,7 @@ class CompiledModel:
         self._report = None
         example = _as_example(self._forward(), args, kwargs)
         hints = self._hints(example)
+        workers.prestart()      # the compile workers get LLVM ready while torch.export runs
         t = time.perf_counter()
         imported = import_model(self.target, _capture_example(self._forward(), example, hints), dynamic=hints or None,
                                 ranges=self._ranges or None, name=self._ir_name())

@@ -246,7 +246,7 @@ def paused_gc():
 
 
 # compile phases in the order they happen (codegen's names; a cache hit skips llvm_ir/optimize/codegen)
-NATIVE_PHASES = ("lowering", "cache_lookup", "llvm_ir", "optimize", "codegen", "load", "program", "engine")
+NATIVE_PHASES = ("lowering", "cache_lookup", "llvm_ir", "optimize", "codegen", "workers", "load", "program", "engine")
 
 
 @dataclass

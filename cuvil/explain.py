@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .codegen import workers
 from .codegen.grouping import grouping_for
 from .codegen.target import Target
 from .compiler import compile_module, paused_gc, pipeline_for, symbol_sizes
@@ -53,6 +54,7 @@ def _to_module(obj, example_inputs, dynamic, ranges) -> Module | ImportResult:
         return obj
     if isinstance(obj, str):
         return parse(obj)
+    workers.prestart()      # the compile workers get LLVM ready while torch.export runs
     return import_model(obj, example_inputs or None, dynamic=dynamic, ranges=ranges)
 
 

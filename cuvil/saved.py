@@ -30,7 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import __version__, _native
-from .codegen.jit import link_object, library_symbols
+from .codegen.jit import library_symbols, link_objects
 from .codegen.target import Target
 from .compiled import MISS, Guard, NativeCall, fast_path, fast_paths
 from .compiler import shared_entries
@@ -38,7 +38,7 @@ from .errors import CuvilError
 from .runtime import Kernel, StepTiming, load_module, set_num_threads
 
 FORMAT = "cuvil-saved-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2    # 2: a variant's code may be several objects
 
 
 # ----------------------------------------------------------------------------- saving
@@ -76,7 +76,8 @@ def _variant_state(v, constants: list[torch.Tensor], objects: list[torch.Tensor]
     for slot in description["slots"]:
         if slot["kind"] == "const":
             slot["data"] = _constant_index(slot["data"], constants)
-    objects.append(torch.frombuffer(bytearray(kernels.object_code), dtype=torch.uint8))
+    first = len(objects)
+    objects += [torch.frombuffer(bytearray(obj), dtype=torch.uint8) for obj in kernels.objects]
     target = kernels.target
     return {
         "guard": v.guard.state(),
@@ -87,9 +88,9 @@ def _variant_state(v, constants: list[torch.Tensor], objects: list[torch.Tensor]
         "kernels": [[name, kernels.symbols[name], len(kernels.kernels[name].buffers),
                      len(kernels.kernels[name].dim_exprs), kernels.kernels[name].parallel_loop is not None]
                     for name in registered],
-        "object": len(objects) - 1,
+        "objects": list(range(first, len(objects))),
         "step_names": [lk.kernel.name for lk in native.lowered],
-        "imports": library_symbols(kernels.llvm_ir_text),
+        "imports": library_symbols(kernels.llvm_ir_texts),
         "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features,
                    "abiname": target.abiname},
     }
@@ -178,9 +179,8 @@ def load(path: str | os.PathLike, threads: int | None = None) -> SavedModel:
 
 def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:
     _check_target(path, Target(**state["target"]))
-    obj = data["objects"][state["object"]]
-    tracker, addresses = link_object(obj.numpy().tobytes(), [sym for _, sym, *_ in state["kernels"]],
-                                     state["imports"])
+    objects = [data["objects"][i].numpy().tobytes() for i in state["objects"]]
+    tracker, addresses = link_objects(objects, [sym for _, sym, *_ in state["kernels"]], state["imports"])
     module = load_module(tracker, [Kernel(name, addresses[sym], n_slots, n_dims, splittable)
                                    for name, sym, n_slots, n_dims, splittable in state["kernels"]])
     address_of = {name: addresses[sym] for name, sym, *_ in state["kernels"]}

@@ -3,9 +3,11 @@
 The key is a SHA-256 over the kernels' identities (`jit.kernel_identity`: canonical text plus which
 nodes share a graph op), the target (triple, CPU, features, ABI),
 the optimisation level, Cuvil's version, llvmlite's version and LLVM's, and a hash of the codegen
-sources themselves (so editing the emitter never serves stale code). An entry is two files under
-`$CUVIL_CACHE_DIR` (default `~/.cache/cuvil`): `<key>.o` (the object) and `<key>.ll` (the
-optimised LLVM IR, for the explain report). Writes are atomic (write to a temporary file, rename).
+sources themselves (so editing the emitter never serves stale code). An entry is the objects the
+kernels were compiled into (one per process that compiled a share, `jit._compile_objects`), under
+`$CUVIL_CACHE_DIR` (default `~/.cache/cuvil`): `<key>.<i>.o` (an object) and `<key>.<i>.ll` (its
+optimised LLVM IR, for the explain report), then `<key>.parts` (how many). Each file is written
+atomically (a temporary file, renamed).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import llvmlite.binding as llvm
 from .. import __version__
 from .target import Target
 
-_CODEGEN_SOURCES = ("kernel_ir.py", "kernel_text.py", "llvm_emit.py", "mathlib.py", "jit.py", "target.py")
+_CODEGEN_SOURCES = ("kernel_ir.py", "kernel_text.py", "llvm_emit.py", "mathlib.py", "panel_gemm.py", "jit.py",
+                    "llvm_compile.py", "target.py")
 
 
 @functools.cache
@@ -51,8 +54,8 @@ def cache_key(kernel_texts, target: Target, opt_level: int) -> str:
 
 @dataclass
 class CacheEntry:
-    obj: bytes
-    llvm_ir: str
+    objects: list[bytes]
+    llvm_ir: list[str]          # the optimised module of each object
 
 
 class ObjectCache:
@@ -68,8 +71,10 @@ class ObjectCache:
 
     def load(self, key: str) -> CacheEntry | None:
         try:
-            entry = CacheEntry(self._path(key, ".o").read_bytes(), self._path(key, ".ll").read_text())
-        except OSError:
+            n = int(self._path(key, ".parts").read_text())
+            entry = CacheEntry([self._path(key, f".{i}.o").read_bytes() for i in range(n)],
+                               [self._path(key, f".{i}.ll").read_text() for i in range(n)])
+        except (OSError, ValueError):
             self.misses += 1
             return None
         self.hits += 1
@@ -78,8 +83,10 @@ class ObjectCache:
     def store(self, key: str, entry: CacheEntry) -> None:
         folder = self._path(key, "").parent
         folder.mkdir(parents=True, exist_ok=True)
-        # the .ll goes first: a present .o means a complete entry
-        for suffix, data in ((".ll", entry.llvm_ir.encode()), (".o", entry.obj)):
+        # `.parts` (how many objects) goes last: when it is there, the entry is complete
+        files = [(f".{i}{suffix}", data) for i, (obj, ir) in enumerate(zip(entry.objects, entry.llvm_ir))
+                 for suffix, data in ((".ll", ir.encode()), (".o", obj))]
+        for suffix, data in files + [(".parts", str(len(entry.objects)).encode())]:
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

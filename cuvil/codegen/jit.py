@@ -10,7 +10,6 @@ stays loaded as long as the `CompiledKernels` object lives.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import itertools
@@ -26,8 +25,9 @@ from ..errors import CuvilError
 from .cache import CacheEntry, ObjectCache, cache_key
 from .kernel_ir import Kernel, verify_kernel
 from .kernel_text import LineMap, print_kernel
-from .llvm_emit import GEMM_SYMBOL, ModuleBuilder
-from .target import Target
+from . import llvm_compile, workers
+from .llvm_emit import GEMM_SYMBOL, ModuleBuilder, SharedHelpers
+from .target import Target, init_llvm
 
 _llvm_lock = threading.RLock()     # LLVM's global state (targets, the LLJIT) is not thread-safe
 _jit = None
@@ -56,9 +56,9 @@ class CompiledKernels:
     key: str
     cache_hit: bool
     timings: dict[str, float]               # phase -> seconds
-    llvm_ir_text: str                       # the optimised module
+    llvm_ir_texts: list[str]                # the optimised modules, one per object
     addresses: dict[str, int] = field(default_factory=dict)   # kernel name -> address (host only)
-    object_code: bytes = b""
+    objects: list[bytes] = field(default_factory=list)        # compiled in parallel, linked as one library
     lines: dict[str, LineMap] = field(default_factory=dict)     # kernel name -> where its statements print
     _tracker: object = None
     _ir_functions: dict[str, "CodeLines"] | None = None
@@ -106,16 +106,20 @@ class CompiledKernels:
 
     def _llvm_lines(self, name: str) -> "CodeLines":
         if self._ir_functions is None:
-            locations = {int(m[1]): (int(m[2]), int(m[3] or 0)) for m in DI_LOCATION.finditer(self.llvm_ir_text)}
-            self._ir_functions = {sym: CodeLines.of_llvm(text, locations)
-                                  for sym, text in _split(LLVM_FUNCTION, self.llvm_ir_text).items()}
-        return _function(self._ir_functions, self.symbols[name], "module")
+            self._ir_functions = {}
+            for text in self.llvm_ir_texts:     # debug metadata is numbered per module
+                locations = {int(m[1]): (int(m[2]), int(m[3] or 0)) for m in DI_LOCATION.finditer(text)}
+                self._ir_functions.update({sym: CodeLines.of_llvm(function, locations)
+                                           for sym, function in _split(LLVM_FUNCTION, text).items()})
+        return _function(self._ir_functions, self.symbols[name], "modules")
 
     def _asm_lines(self, name: str) -> "CodeLines":
         if self._asm_functions is None:
-            with _llvm_lock:
-                asm = emit(self.target, llvm.parse_assembly(self.llvm_ir_text), assembly=True)
-            self._asm_functions = {sym: CodeLines.of_asm(text) for sym, text in _split(ASM_FUNCTION, asm).items()}
+            self._asm_functions = {}
+            for text in self.llvm_ir_texts:
+                with _llvm_lock:
+                    asm = emit(self.target, llvm.parse_assembly(text), assembly=True)
+                self._asm_functions.update({sym: CodeLines.of_asm(f) for sym, f in _split(ASM_FUNCTION, asm).items()})
         return _function(self._asm_functions, self.symbols[name], "assembly")
 
 
@@ -197,42 +201,18 @@ def build_module(kernels, symbols: dict[str, str], target: Target, lines: dict[s
         if sym not in done:
             mb.add_kernel(k, sym, (lines or {}).get(k.name))
             done.add(sym)
-    mb.module.triple = target.triple
     mod = llvm.parse_assembly(str(mb.module))
     mod.verify()
     return mod
 
 
 def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, opt_level: int = 3) -> None:
-    """LLVM's standard per-module pipeline (new pass manager) with loop and SLP vectorisation."""
-    pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
-    pto.loop_vectorization = opt_level >= 2
-    pto.slp_vectorization = opt_level >= 2
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
+    llvm_compile.optimize(mod, tm, opt_level)
 
 
 def emit(target: Target, mod: llvm.ModuleRef, assembly: bool = False, tm: llvm.TargetMachine | None = None):
     """Code generation: `mod` (optimised) as object code, or as assembly text."""
-    tm = tm or target.target_machine()
-    with _codegen_options(target):
-        return tm.emit_assembly(mod) if assembly else tm.emit_object(mod)
-
-
-@contextlib.contextmanager
-def _codegen_options(target: Target):
-    # x86-64: no Loop Strength Reduction. Cuvil's loops step few, simple induction variables and
-    # measured no faster with it (MLP, CNN, BERT-small, the chain), while LSR took half of code
-    # generation on the CNN (0.13 of 0.24 s). It is an LLVM command-line option, global to the
-    # process, so it is set only around Cuvil's own code generation (under the LLVM lock).
-    if target.arch != "x86_64":
-        yield
-        return
-    llvm.set_option("cuvil", "-disable-lsr=true")
-    try:
-        yield
-    finally:
-        llvm.set_option("cuvil", "-disable-lsr=false")
+    return llvm_compile.emit(mod, tm or target.target_machine(), target.arch, assembly)
 
 
 def _lljit():
@@ -242,9 +222,9 @@ def _lljit():
     return _jit
 
 
-def library_symbols(obj_ir: str) -> list[str]:
-    """The outside symbols the kernels of an (optimised) LLVM module call: libc's, and BLAS's GEMM if used."""
-    return [*LIBC_SYMBOLS, *([GEMM_SYMBOL] if GEMM_SYMBOL in obj_ir else [])]
+def library_symbols(ir_texts: list[str]) -> list[str]:
+    """The outside symbols the kernels of (optimised) LLVM modules call: libc's, and BLAS's GEMM if used."""
+    return [*LIBC_SYMBOLS, *([GEMM_SYMBOL] if any(GEMM_SYMBOL in t for t in ir_texts) else [])]
 
 
 def _symbol_address(name: str) -> int:
@@ -256,12 +236,14 @@ def _symbol_address(name: str) -> int:
     return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
 
 
-def link_object(object_code: bytes, exports, imports) -> tuple[object, dict[str, int]]:
-    """Link a host object into the process's JIT: (the tracker that keeps its code alive,
-    {exported symbol: address}). `imports` names the library symbols it calls."""
+def link_objects(objects: list[bytes], exports, imports) -> tuple[object, dict[str, int]]:
+    """Link host objects into the process's JIT as one library: (the tracker that keeps its code
+    alive, {exported symbol: address}). `imports` names the library symbols they call."""
     exports = sorted(set(exports))
     with _llvm_lock:
-        builder = llvm.JITLibraryBuilder().add_object_img(object_code)
+        builder = llvm.JITLibraryBuilder()
+        for obj in objects:
+            builder.add_object_img(obj)
         for name in imports:
             builder.import_symbol(name, _symbol_address(name))
         for sym in exports:
@@ -302,20 +284,19 @@ def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | 
     entry = cache.load(key) if cache is not None else None
     hit = entry is not None
     timings["cache_lookup"] = time.perf_counter() - t
-    with _llvm_lock:
-        if not hit:
-            entry = _compile_object(kernels, symbols, lines, target, opt_level, timings)
-            if cache is not None:
-                try:
-                    cache.store(key, entry)
-                except OSError as e:
-                    warnings.warn(f"cuvil: could not write the object cache at {cache.root}: {e}")
-        result = CompiledKernels({k.name: k for k in kernels}, symbols, target, key, hit, timings, entry.llvm_ir,
-                                 object_code=entry.obj, lines=lines)
-        if target.is_host:
-            t = time.perf_counter()
-            _load(result)
-            timings["load"] = time.perf_counter() - t
+    if not hit:
+        entry = _compile_objects(kernels, symbols, lines, target, opt_level, timings)
+        if cache is not None:
+            try:
+                cache.store(key, entry)
+            except OSError as e:
+                warnings.warn(f"cuvil: could not write the object cache at {cache.root}: {e}")
+    result = CompiledKernels({k.name: k for k in kernels}, symbols, target, key, hit, timings, entry.llvm_ir,
+                             objects=entry.objects, lines=lines)
+    if target.is_host:
+        t = time.perf_counter()
+        _load(result)
+        timings["load"] = time.perf_counter() - t
     return result
 
 
@@ -329,23 +310,101 @@ def compile_function(fn, groups=None, target: Target | None = None, cache: Objec
     return lowered, compile_kernels([lk.kernel for lk in lowered], target=target, cache=cache, timings=timings)
 
 
-def _compile_object(kernels, symbols, lines, target: Target, opt_level: int, timings: dict) -> CacheEntry:
+def build_units(kernels, symbols: dict[str, str], target: Target, lines: dict[str, LineMap]) -> list[str]:
+    """Kernel IR -> textual LLVM modules that link into one program: one module per distinct
+    kernel, and one for the GEMM loop nests several of them call (`SharedHelpers`)."""
+    helpers = SharedHelpers(target)
+    builders, done = [], set()
+    for k in kernels:
+        sym = symbols[k.name]
+        if sym not in done:
+            done.add(sym)
+            mb = ModuleBuilder(sym, target=target, helpers=helpers)
+            mb.add_kernel(k, sym, lines.get(k.name))
+            builders.append(mb)
+    shared = helpers.place()
+    return [str(mb.module) for mb in builders + ([shared] if shared else [])]
+
+
+# Below this many lines of unoptimised LLVM IR (about 30 ms of LLVM here) a model is compiled in
+# one piece: a second process would save less than sending the modules costs.
+PARALLEL_MIN_LINES = 800
+# Modules go to the processes in tasks of at least this many lines: LLVM spends ~2 ms on any
+# module however small (pass set-up, code generation's start), so small kernels travel together.
+TASK_MIN_LINES = 300
+
+
+def tasks(units: list[str]) -> list[list[str]]:
+    """The modules as compile tasks, the largest first (so the last to be taken are short; LLVM's
+    time only roughly follows the lines of IR, and taking tasks as processes free up evens it out)."""
+    out: list[list[str]] = []
+    size = 0
+    for unit in sorted(units, key=lambda u: -u.count("\n")):
+        if not out or size >= TASK_MIN_LINES:
+            out.append([])
+            size = 0
+        out[-1].append(unit)
+        size += unit.count("\n")
+    return out
+
+
+def _compile_objects(kernels, symbols, lines, target: Target, opt_level: int, timings: dict) -> CacheEntry:
+    """LLVM over the kernels: in this process, and, when the model is big enough to gain from it,
+    in the compile workers that are ready, each process taking the next task as it frees up.
+    One object per task."""
     t = time.perf_counter()
-    tm = target.target_machine(opt=opt_level)
-    mod = build_module(kernels, symbols, target, lines)
-    mod.data_layout = str(tm.target_data)
+    units = build_units(kernels, symbols, target, lines)
     timings["llvm_ir"] = time.perf_counter() - t
-    t = time.perf_counter()
-    optimize(mod, tm, opt_level)
-    timings["optimize"] = time.perf_counter() - t
-    llvm_ir = str(mod)
-    t = time.perf_counter()
-    obj = emit(target, mod, tm=tm)
-    timings["codegen"] = time.perf_counter() - t
-    return CacheEntry(obj, llvm_ir)
+    pool = workers.pool()
+    helpers = pool.borrow(len(units) - 1) if sum(u.count("\n") for u in units) >= PARALLEL_MIN_LINES else []
+    todo = tasks(units) if helpers else [units]
+    request = {"triple": target.triple, "cpu": target.cpu, "features": target.features, "abiname": target.abiname,
+               "opt": opt_level}
+    answers: list = [None] * len(todo)
+    taken = itertools.count()
+    own = {"parse": 0.0, "optimize": 0.0, "codegen": 0.0}
+
+    def take(compile_task) -> None:
+        while (i := next(taken)) < len(todo):
+            answers[i] = compile_task({**request, "texts": todo[i]})
+
+    def remote(worker) -> None:
+        try:
+            take(worker.compile)
+        except CuvilError as e:
+            answers.append(e)
+
+    def local(task: dict) -> dict:
+        answer = llvm_compile.compile_texts(**task)
+        for phase, seconds in answer["timings"].items():
+            own[phase] += seconds
+        return answer
+
+    threads = [threading.Thread(target=remote, args=(w,), daemon=True) for w in helpers]
+    for th in threads:
+        th.start()
+    try:
+        with _llvm_lock:
+            init_llvm(all_targets=target.arch != Target.host().arch)
+            take(local)
+    except RuntimeError as e:
+        raise CuvilError(f"LLVM could not compile the kernels: {e}") from None
+    finally:
+        t = time.perf_counter()
+        for th in threads:
+            th.join()
+        pool.give_back(helpers)
+    timings["llvm_ir"] += own["parse"]
+    timings["optimize"], timings["codegen"] = own["optimize"], own["codegen"]
+    if helpers:
+        timings["workers"] = time.perf_counter() - t    # waiting for the workers' last tasks after this one's
+    failed = next((a for a in answers if isinstance(a, CuvilError)), None)
+    if failed is not None:
+        raise failed
+    return CacheEntry([a["obj"] for a in answers], [a["ir"] for a in answers])
 
 
 def _load(result: CompiledKernels) -> None:
-    result._tracker, addr = link_object(result.object_code, result.symbols.values(),
-                                        library_symbols(result.llvm_ir_text))
+    result._tracker, addr = link_objects(result.objects, result.symbols.values(),
+                                         library_symbols(result.llvm_ir_texts))
     result.addresses = {name: addr[sym] for name, sym in result.symbols.items()}

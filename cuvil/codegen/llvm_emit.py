@@ -1,4 +1,5 @@
-"""Kernel IR -> LLVM IR (llvmlite.ir). All kernels of a model go into one module.
+"""Kernel IR -> LLVM IR (llvmlite.ir): a module of kernels (`ModuleBuilder`), or one module per kernel
+(`jit.build_units`, with `SharedHelpers` placing the GEMM loop nests they call).
 
 Each kernel becomes two functions:
 
@@ -74,11 +75,14 @@ PAIRWISE_DEPTH = 64
 class ModuleBuilder:
     """Collects kernels into one llvmlite module (with debug locations unless `debug=False`)."""
 
-    def __init__(self, name: str = "cuvil", debug: bool = True, target: Target | None = None):
+    def __init__(self, name: str = "cuvil", debug: bool = True, target: Target | None = None,
+                 helpers: "SharedHelpers | None" = None):
         self.target = target or Target.host()
         self.module = ir.Module(name)
+        self.module.triple = self.target.triple
         self.math = MathLib(self.module, scalef=self.target.has_feature("avx512f"))
         self.unit = self._compile_unit() if debug else None
+        self.helpers = helpers
 
     def _compile_unit(self) -> ir.DIValue:
         m = self.module
@@ -123,30 +127,62 @@ class ModuleBuilder:
     def small_gemm_function(self, trans_b: bool, beta: bool) -> ir.Function:
         """`void (i64 m, i64 n, i64 k, float alpha, ptr A, i64 lda, ptr B, i64 ldb, float beta, ptr C,
         i64 ldc)`: C = alpha * A @ op(B) (+ beta * C when `beta`), row-major, A not transposed.
-        One per variant and module; LLVM vectorises the inner loops at O3."""
-        name = f"cuvil.small_gemm.{'nt' if trans_b else 'nn'}{'.beta' if beta else ''}"
-        fn = self.module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32,
-                                                                                     PTR, I64]), name=name)
-            fn.linkage = "internal"
-            fn.attributes.add("nounwind")
-            (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta)
-        return fn
-
+        LLVM vectorises the inner loops at O3."""
+        return self._helper(f"cuvil.small_gemm.{'nt' if trans_b else 'nn'}{'.beta' if beta else ''}",
+                            ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32, PTR, I64]),
+                            lambda fn: (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta))
 
     def panel_gemm_function(self, width: int, bias: bool, relu: bool) -> ir.Function:
         """C = A @ B (+ bias, relu) with B packed in panels of `width` columns, A read through a
         window (`panel_gemm.py`), blocked for the target's vector registers."""
-        name = panel_gemm_name(width, bias, relu)
+        lanes = self.target.vector_floats
+        rows = panel_rows(lanes, self.target.vector_registers, width)
+        return self._helper(panel_gemm_name(width, bias, relu), ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS),
+                            lambda fn: emit_panel_gemm(fn, lanes, rows, width, bias, relu))
+
+    def _helper(self, name: str, fnty: ir.FunctionType, define: Callable[[ir.Function], None]) -> ir.Function:
+        """A GEMM loop nest kernels call: defined in this module (internal), or, when kernels are
+        modules of their own, declared here and left to `self.helpers` to place."""
         fn = self.module.globals.get(name)
         if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS), name=name)
-            fn.linkage = "internal"
+            fn = ir.Function(self.module, fnty, name=name)
             fn.attributes.add("nounwind")
-            lanes = self.target.vector_floats
-            emit_panel_gemm(fn, lanes, panel_rows(lanes, self.target.vector_registers, width), width, bias, relu)
+            if self.helpers is None:
+                fn.linkage = "internal"
+                define(fn)
+            else:
+                self.helpers.declared(fn, define)
         return fn
+
+
+class SharedHelpers:
+    """The GEMM loop nests of kernels built one module each (`jit.build_units`): a helper one
+    module calls is defined in it (internal, so LLVM may inline it); one that several call is
+    defined once, in a module of its own that they link against (LLVM would not inline a body that
+    large into several callers either)."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.uses: dict[str, list[tuple[ir.Function, Callable]]] = {}
+
+    def declared(self, fn: ir.Function, define: Callable[[ir.Function], None]) -> None:
+        self.uses.setdefault(fn.name, []).append((fn, define))
+
+    def place(self) -> "ModuleBuilder | None":
+        """Define every helper; returns the module of the shared ones (None when there are none)."""
+        shared = None
+        for name, uses in self.uses.items():
+            if len(uses) == 1:
+                fn, define = uses[0]
+                fn.linkage = "internal"
+                define(fn)
+                continue
+            shared = shared or ModuleBuilder("cuvil.shared", debug=False, target=self.target)
+            fn = ir.Function(shared.module, uses[0][0].ftype, name=name)
+            fn.attributes.add("nounwind")
+            fn.attributes.add("noinline")   # the same code whichever callers share its object
+            uses[0][1](fn)
+        return shared
 
 
 class KernelEmitter:

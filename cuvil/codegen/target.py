@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 
 from ..errors import CuvilError
+from . import llvm_compile
 
 _init_lock = threading.Lock()
 _initialised = set()
@@ -16,14 +17,10 @@ _initialised = set()
 def init_llvm(all_targets: bool = False) -> None:
     """Register LLVM's native target (or all targets) once per process."""
     with _init_lock:
-        if "native" not in _initialised:
-            llvm.initialize_native_target()
-            llvm.initialize_native_asmprinter()
-            _initialised.add("native")
-        if all_targets and "all" not in _initialised:
-            llvm.initialize_all_targets()
-            llvm.initialize_all_asmprinters()
-            _initialised.add("all")
+        wanted = "all" if all_targets else "native"
+        if wanted not in _initialised:
+            llvm_compile.init_llvm(all_targets)
+            _initialised.update({"native", wanted})
 
 
 @dataclass(frozen=True)
@@ -65,12 +62,9 @@ class Target:
         """A fresh TargetMachine (MCJIT and LLJIT take ownership of the one they are given)."""
         init_llvm(all_targets=not jit and self.arch != Target.host().arch)
         try:
-            target = llvm.Target.from_triple(self.triple)
+            return llvm_compile.target_machine(self.triple, self.cpu, self.features, self.abiname, opt, jit)
         except RuntimeError as e:
             raise CuvilError(f"LLVM has no target for triple '{self.triple}': {e}") from None
-        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=opt, reloc="pic",
-                                            codemodel="jitdefault" if jit else "default", jit=jit,
-                                            abiname=self.abiname)
 
     @property
     def vector_floats(self) -> int:

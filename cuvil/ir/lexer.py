@@ -85,6 +85,8 @@ def describe_char(c: str) -> str:
 
 def quote_string(s: str) -> str:
     """A string literal the lexer reads back as `s`: escapes quotes, backslashes, non-printables."""
+    if s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
     out = ['"']
     for c in s:
         if c in '"\\':

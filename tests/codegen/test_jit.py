@@ -82,7 +82,7 @@ def test_identical_kernels_compile_once():
     assert len(kernels) == 12       # layer_norm with its gelu epilogue: one kernel per layer
     compiled = compile_kernels(kernels, cache=None)
     assert compiled.unique_functions == 1
-    entry_points = re.findall(r"^define void @(\S+)\(ptr", compiled.llvm_ir_text, re.M)
+    entry_points = [e for text in compiled.llvm_ir_texts for e in re.findall(r"^define void @(\S+)\(ptr", text, re.M)]
     assert len(entry_points) == 1
     assert len(set(compiled.addresses.values())) == 1
     x, w, b = torch.randn(5, 64), torch.randn(64), torch.randn(64)
@@ -118,15 +118,16 @@ def test_x86_codegen_options_reach_the_shown_code_and_stay_inside_cuvil():
     if host.arch != "x86_64":
         pytest.skip("the code generation options are x86-64's")
     compiled = compile_kernels(parse_kernels(ADD_RELU + TOTAL), cache=None)
+    [ir_text], [obj] = compiled.llvm_ir_texts, compiled.objects      # too small to split between processes
 
     def plain_asm():
-        return host.target_machine().emit_assembly(llvm.parse_assembly(compiled.llvm_ir_text))
+        return host.target_machine().emit_assembly(llvm.parse_assembly(ir_text))
     before = plain_asm()
-    shown = jit_module.emit(host, llvm.parse_assembly(compiled.llvm_ir_text), assembly=True)
+    shown = jit_module.emit(host, llvm.parse_assembly(ir_text), assembly=True)
     assert shown != before                      # Cuvil's options change these loops' code ...
     assert plain_asm() == before                # ... and are set back for other LLVM users afterwards
     # the object that runs is the one the shown assembly describes: same module, same options
-    assert jit_module.emit(host, llvm.parse_assembly(compiled.llvm_ir_text)) == compiled.object_code
+    assert jit_module.emit(host, llvm.parse_assembly(ir_text)) == obj
     shown_lines = iter(shown.splitlines())             # the kernel's view: the same lines, in order
     assert all(line in shown_lines for line in compiled.asm("add_relu").splitlines())
 
@@ -136,8 +137,9 @@ def test_cross_targets_emit_objects_and_vector_assembly(arch, vector_insn):
     target = Target.cross(arch)
     compiled = compile_kernels(parse_kernels(ADD_RELU + TOTAL), target=target, cache=None)
     assert compiled.addresses == {} and "load" not in compiled.timings      # nothing runs here
-    assert compiled.object_code[:4] == b"\x7fELF"
-    machine = int.from_bytes(compiled.object_code[18:20], "little")
+    [obj] = compiled.objects
+    assert obj[:4] == b"\x7fELF"
+    machine = int.from_bytes(obj[18:20], "little")
     assert machine == {"aarch64": 183, "riscv64": 243}[arch]                 # ELF e_machine
     assert re.search(vector_insn, compiled.asm("add_relu")), compiled.asm("add_relu")
 

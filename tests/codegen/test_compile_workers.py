@@ -1,0 +1,139 @@
+"""Compile workers: LLVM over a share of a model's kernels in other processes (codegen/workers.py)."""
+import re
+
+import pytest
+import torch
+
+import cuvil
+from cuvil import zoo
+from cuvil.codegen import jit, llvm_compile, workers
+from cuvil.codegen.target import Target
+from cuvil.errors import CuvilError
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """A pool of one worker, ready, as this process's pool."""
+    p = workers.Pool(1)
+    monkeypatch.setattr(workers, "_pool", p)
+    p.start()
+    p.give_back(p.borrow(1, wait_s=30))
+    assert p.idle and p.idle[0].ready
+    yield p
+    p.close()
+
+
+def block():
+    entry = zoo.get("transformer")
+    return entry.model, entry.inputs(batch=1, seq=16)
+
+
+def compiled_kernels(model) -> jit.CompiledKernels:
+    [variant] = model._variants
+    return variant.native.kernels
+
+
+def test_a_model_compiled_in_two_processes_runs_as_one_compiled_in_one(pool):
+    model, inputs = block()
+    split = cuvil.compile(model, cache=False)
+    out = split(*inputs)
+    kernels = compiled_kernels(split)
+    assert len(kernels.objects) > 1 and "workers" in kernels.timings
+    # each kernel's entry point is defined in exactly one of the objects
+    defined = [e for text in kernels.llvm_ir_texts for e in re.findall(r"^define void @(cuvil_k_\w+)\(ptr", text, re.M)]
+    assert sorted(defined) == sorted(set(kernels.symbols.values()))
+
+    workers._pool = workers.Pool(0)
+    whole = cuvil.compile(model, cache=False)
+    torch.testing.assert_close(out, whole(*inputs), rtol=0, atol=0)
+    assert len(compiled_kernels(whole).objects) == 1 and "workers" not in compiled_kernels(whole).timings
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(*inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_the_code_views_cover_every_object(pool):
+    model, inputs = block()
+    compiled = cuvil.compile(model, cache=False)
+    compiled(*inputs)
+    kernels = compiled_kernels(compiled)
+    assert len(kernels.objects) > 1
+    for name in kernels.kernels:
+        assert kernels.llvm_ir(name).startswith("define void @" + kernels.symbols[name])
+        assert kernels.asm(name).startswith(kernels.symbols[name] + ":")
+        assert any(entry["asm"] for entry in kernels.op_lines(name))
+
+
+def test_the_object_cache_and_saved_models_keep_every_object(pool, tmp_path):
+    model, inputs = block()
+    compiled = cuvil.compile(model)
+    expected = compiled(*inputs)
+    objects = compiled_kernels(compiled).objects
+    assert len(objects) > 1
+    again = cuvil.compile(model)
+    again(*inputs)
+    assert compiled_kernels(again).cache_hit and compiled_kernels(again).objects == objects
+    compiled.save(tmp_path / "block.cuvil")
+    loaded = cuvil.load(tmp_path / "block.cuvil")
+    torch.testing.assert_close(loaded(*inputs), expected, rtol=0, atol=0)
+
+
+def test_small_models_stay_in_one_process(pool):
+    compiled = cuvil.compile(lambda x: torch.relu(x) + 1)
+    compiled(torch.randn(8))
+    kernels = compiled_kernels(compiled)
+    assert len(kernels.objects) == 1 and "workers" not in kernels.timings
+    assert pool.idle                 # the worker went back unused
+
+
+def test_tasks_go_largest_first_and_small_modules_travel_together():
+    units = [f"; {n}\n" * n for n in (50, 900, 120, 400, 60, 200)]
+    got = [[u.count("\n") for u in task] for task in jit.tasks(units)]
+    assert got == [[900], [400], [200, 120], [60, 50]]
+    assert sorted(u for task in jit.tasks(units) for u in task) == sorted(units)
+
+
+def test_an_llvm_error_in_a_worker_is_a_cuvil_error(pool):
+    [worker] = pool.borrow(1)
+    host = Target.host()
+    request = {"triple": host.triple, "cpu": host.cpu, "features": host.features, "abiname": "", "opt": 3}
+    with pytest.raises(CuvilError, match=r"(?s)LLVM could not compile the kernels: RuntimeError: LLVM IR parsing error.*2:1: error: expected type"):
+        worker.compile({**request, "texts": ["define void @f( {\n"]})
+    # the worker is still there and compiles the next request
+    answer = worker.compile({**request, "texts": ["define void @f() {\n  ret void\n}\n"]})
+    assert answer["obj"][:4] == b"\x7fELF" and "define void @f()" in answer["ir"]
+    pool.give_back([worker])
+
+
+def test_a_worker_that_dies_is_reported_and_replaced(pool):
+    [worker] = pool.borrow(1)
+    worker.proc.kill()
+    worker.proc.wait()
+    host = Target.host()
+    with pytest.raises(CuvilError, match=r"compile worker \(pid \d+\) exited while compiling .*CUVIL_COMPILE_WORKERS=0"):
+        worker.compile({"triple": host.triple, "cpu": host.cpu, "features": host.features, "abiname": "", "opt": 3,
+                        "texts": ["define void @f() {\n  ret void\n}\n"]})
+    pool.give_back([worker])
+    assert worker not in pool.idle
+    pool.start()
+    assert len(pool.workers) == 1 and pool.workers[0] is not worker and pool.workers[0].alive()
+
+
+def test_the_worker_count_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CUVIL_COMPILE_WORKERS", "0")
+    assert workers.worker_count() == 0
+    monkeypatch.setenv("CUVIL_COMPILE_WORKERS", "2")
+    assert workers.worker_count() == 2
+    monkeypatch.setenv("CUVIL_COMPILE_WORKERS", "two")
+    with pytest.raises(CuvilError, match=r"CUVIL_COMPILE_WORKERS must be a whole number, not 'two'"):
+        workers.worker_count()
+
+
+def test_the_worker_protocol_round_trips_messages():
+    import io
+    stream = io.BytesIO()
+    llvm_compile.write_message(stream, {"texts": ["x"], "opt": 3})
+    llvm_compile.write_message(stream, {"obj": b"\x7fELF"})
+    stream.seek(0)
+    assert llvm_compile.read_message(stream) == {"texts": ["x"], "opt": 3}
+    assert llvm_compile.read_message(stream) == {"obj": b"\x7fELF"}
+    assert llvm_compile.read_message(stream) is None
