@@ -54,23 +54,26 @@ class Sizes:
 def iteration_cost_ns(kernel: Kernel, symbols: set[str]) -> Any:
     """Rough nanoseconds of one iteration of a kernel's parallel loop, as an expression over the
     program's symbols (inner extents that depend on loop variables are taken at variable 0)."""
-    expr = sympy.sympify(_work(kernel.parallel_loop.body if kernel.parallel_loop else kernel.body))
-    expr = expr.xreplace({s: sympy.Integer(0) for s in expr.free_symbols if s.name not in symbols})
-    return norm_dim(sympy.Max(1, expr))
+    def at_zero(e):
+        # loop variables go to 0 in each extent before the extents are combined: sympy is slow to
+        # multiply out and simplify sums of products of Min(...) over loop variables
+        e = sympy.sympify(e)
+        return e.xreplace({s: sympy.Integer(0) for s in e.free_symbols if s.name not in symbols})
+    return norm_dim(sympy.Max(1, _work(kernel.parallel_loop.body if kernel.parallel_loop else kernel.body, at_zero)))
 
 
-def _work(stmts) -> Any:
+def _work(stmts, at_zero) -> Any:
     total = sympy.Integer(0)
     for s in stmts:
         if isinstance(s, Loop):
-            total += s.extent * _work(s.body)
+            total += at_zero(s.extent) * _work(s.body, at_zero)
         elif isinstance(s, Reduce):
             n = sympy.Integer(1)
             for r in s.loops:
-                n *= r.extent
-            total += n * (_work(s.body) + NS_PER_STATEMENT)
+                n *= at_zero(r.extent)
+            total += n * (_work(s.body, at_zero) + NS_PER_STATEMENT)
         elif isinstance(s, Gemm):
-            total += sympy.floor(2 * s.m * s.n * s.k / GEMM_FLOPS_PER_NS)
+            total += sympy.floor(2 * at_zero(s.m) * at_zero(s.n) * at_zero(s.k) / GEMM_FLOPS_PER_NS)
         else:
             total += NS_PER_STATEMENT
     return total
