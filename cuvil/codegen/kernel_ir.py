@@ -203,14 +203,15 @@ class FuncSig:
     result: str              # "same" (the argument dtype) or "bool"
 
 
-_UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos",
+_UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan",
+                "atan", "asin", "acos",
                 "floor", "ceil", "round", "trunc", "reciprocal")
 FUNCS: dict[str, FuncSig] = {
     **{f: FuncSig(1, _FLOAT, "same") for f in _UNARY_FLOAT},
     **{f: FuncSig(1, _NUM, "same") for f in ("neg", "abs", "sign")},
     "not": FuncSig(1, frozenset({DType.bool}), "same"),
     **{f: FuncSig(2, _NUM, "same") for f in ("add", "sub", "mul", "max", "min", "floordiv", "rem")},
-    **{f: FuncSig(2, _FLOAT, "same") for f in ("div", "pow")},
+    **{f: FuncSig(2, _FLOAT, "same") for f in ("div", "pow", "atan2")},
     **{f: FuncSig(2, _LOGIC, "same") for f in ("and", "or", "xor")},
     **{f: FuncSig(2, _ANY, "bool") for f in ("eq", "ne", "lt", "le", "gt", "ge")},
     "select": FuncSig(3, _ANY, "same"),

@@ -1,14 +1,15 @@
 """Cuvil's own vectorisable math functions, written as LLVM IR.
 
 Generated code may call nothing outside its module except BLAS, so exp, log, log1p, expm1, tanh,
-erf, sigmoid, sin, cos and pow are defined here: branch-free (selects only) internal `alwaysinline` functions
+erf, sigmoid, sin, cos, tan, atan, asin, acos, pow and atan2 are defined here: branch-free (selects only) internal `alwaysinline` functions
 that LLVM inlines into the kernel loops and then vectorises like any other arithmetic.
 
 The f32 polynomials (exp, log, tanh, erf) were fitted for Cuvil by iteratively reweighted least
 squares on Chebyshev nodes (near-minimax relative error, 1e-9..1e-7 before rounding the
 coefficients to f32); tests/codegen/test_mathlib.py measures the final error against float64
-references over wide ranges. sin, cos and pow work in f64 internally (range reduction and
-exp/log of the product), which keeps them correctly rounded to f32 in practice.
+references over wide ranges. sin, cos, tan, atan, asin, acos, atan2 and pow work in f64
+internally (range reduction, the series, exp/log of the product), which keeps them correctly
+rounded to f32 in practice.
 """
 from __future__ import annotations
 
@@ -239,22 +240,24 @@ def _sigmoid(o: Ops, x):
 
 # ----------------------------------------------------------------------------- f64-internal functions
 
-def _sincos_f64(o: Ops, xd, want_cos: bool):
-    """sin or cos of an f64 with |x| < 2^20 * pi/2 (Cody-Waite reduction, exact there)."""
+def _sincos_f64(o: Ops, xd, kind: str):
+    """sin, cos or tan of an f64 with |x| < 2^20 * pi/2 (Cody-Waite reduction, exact there)."""
     n = o.unary("roundeven", o.mul(xd, o.c(0.6366197723675814)))
     r = o.fma(n, o.c(-PIO2[0]), xd)
     r = o.fma(n, o.c(-PIO2[1]), r)
     r = o.fma(n, o.c(-PIO2[2]), r)
-    return _sincos_quadrant(o, r, o.to_int(n), want_cos)
+    return _sincos_quadrant(o, r, o.to_int(n), kind)
 
 
-def _sincos_quadrant(o: Ops, r, n, want_cos: bool):
-    """sin (or cos) of n*pi/2 + r for |r| <= pi/4 and an integer n (i64)."""
+def _sincos_quadrant(o: Ops, r, n, kind: str):
+    """sin, cos or tan of n*pi/2 + r for |r| <= pi/4 and an integer n (i64)."""
     b = o.b
     r2 = o.mul(r, r)
     sin_r = o.fma(o.mul(r, r2), o.poly(r2, [(-1) ** (k + 1) / math.factorial(2 * k + 3) for k in range(6)]), r)
     cos_r = o.fma(r2, o.poly(r2, [(-1) ** (k + 1) / math.factorial(2 * k + 2) for k in range(7)]), o.c(1.0))
-    q = b.and_(b.add(n, ir.Constant(I64, 1 if want_cos else 0)), ir.Constant(I64, 3))
+    if kind == "tan":           # tan(r + pi/2) = -cos(r) / sin(r); r is never 0 there (pi/2 is irrational)
+        return o.sel(b.trunc(n, I1), o.div(b.fneg(cos_r), sin_r), o.div(sin_r, cos_r))
+    q = b.and_(b.add(n, ir.Constant(I64, 1 if kind == "cos" else 0)), ir.Constant(I64, 3))
     val = b.select(b.trunc(q, I1), cos_r, sin_r)                       # odd quadrant: the other one
     neg = b.icmp_unsigned(">=", q, ir.Constant(I64, 2))
     return b.select(neg, b.fneg(val), val)
@@ -275,8 +278,8 @@ def _reduction_table() -> tuple[float, ...]:
 TABLE_MIN_EXP = -3      # x = M * 2^e with a 24-bit M; |x| >= 2^20 pi/2 means e >= -3
 
 
-def _large_sincos_f64(o: Ops, x32, want_cos: bool):
-    """sin or cos of a finite f32 of any size: x * 2/pi mod 4 from a table of (2^e * 2/pi) mod 4
+def _large_sincos_f64(o: Ops, x32, kind: str):
+    """sin, cos or tan of a finite f32 of any size: x * 2/pi mod 4 from a table of (2^e * 2/pi) mod 4
     (Payne-Hanek for 24-bit mantissas), then the f64 polynomials on the remainder."""
     b = o.b
     bits = b.bitcast(x32, I32)
@@ -294,10 +297,10 @@ def _large_sincos_f64(o: Ops, x32, want_cos: bool):
     t = o.add(o.add(s, p1_err), o.mul(m, lo))
     n = o.unary("roundeven", t)
     r = o.mul(o.sub(t, n), o.c(math.pi / 2))
-    sign = b.icmp_signed("<", bits, ir.Constant(I32, 0))            # sin is odd, cos even
+    sign = b.icmp_signed("<", bits, ir.Constant(I32, 0))            # sin and tan are odd, cos even
     q = o.to_int(n)
-    val = _sincos_quadrant(o, r, q, want_cos)
-    return b.select(b.and_(sign, ir.Constant(I1, int(not want_cos))), b.fneg(val), val)
+    val = _sincos_quadrant(o, r, q, kind)
+    return b.select(b.and_(sign, ir.Constant(I1, int(kind != "cos"))), b.fneg(val), val)
 
 
 def _table_global(module: ir.Module):
@@ -313,24 +316,88 @@ def _table_global(module: ir.Module):
     return g
 
 
-def _sin_or_cos(o32: Ops, x, want_cos: bool):
+def _trig(o32: Ops, x, kind: str):
     b = o32.b
     o = Ops(b, F64)
     xd = b.fpext(x, F64)
     small = o.cmp("<", o.unary("fabs", xd), o.c(1647099.0))          # 2^20 * pi/2: Cody-Waite is exact
-    val = o.sel(small, _sincos_f64(o, o.sel(small, xd, o.c(0.0)), want_cos),
-                _large_sincos_f64(o, b.fptrunc(o.sel(small, o.c(1e30), xd), F32), want_cos))
+    val = o.sel(small, _sincos_f64(o, o.sel(small, xd, o.c(0.0)), kind),
+                _large_sincos_f64(o, b.fptrunc(o.sel(small, o.c(1e30), xd), F32), kind))
     finite = o.cmp("<", o.unary("fabs", xd), o.c(math.inf))
     result = o32.sel(finite, b.fptrunc(val, F32), o32.c(math.nan))
-    return result if want_cos else o32.sel(o32.cmp("==", x, o32.c(0.0)), x, result)   # sin(-0) = -0
+    return result if kind == "cos" else o32.sel(o32.cmp("==", x, o32.c(0.0)), x, result)   # sin(-0) = -0
 
 
 def _sin(o: Ops, x):
-    return _sin_or_cos(o, x, False)
+    return _trig(o, x, "sin")
 
 
 def _cos(o: Ops, x):
-    return _sin_or_cos(o, x, True)
+    return _trig(o, x, "cos")
+
+
+def _tan(o: Ops, x):
+    return _trig(o, x, "tan")
+
+
+PI = math.pi
+# atan(u) = u + u^3 * ATAN(u^2) for |u| <= tan(pi/8): the Taylor series, 12 terms (truncation
+# below 1e-11 of the result, far under an f32 ulp)
+ATAN = [(-1) ** (k + 1) / (2 * k + 3) for k in range(12)]
+
+
+def _atan_f64(o: Ops, a):
+    """atan of an f64 a >= 0 (or +inf, or NaN): atan(a) = pi/2 - atan(1/a) above 1, then
+    atan(t) = pi/4 + atan((t-1)/(t+1)) above tan(pi/8), then the series."""
+    inverted = o.cmp(">", a, o.c(1.0))
+    t = o.sel(inverted, o.div(o.c(1.0), a), a)                        # [0, 1]; 1/inf = 0
+    shifted = o.cmp(">", t, o.c(0.41421356237309503))
+    u = o.sel(shifted, o.div(o.sub(t, o.c(1.0)), o.add(t, o.c(1.0))), t)
+    u2 = o.mul(u, u)
+    r = o.fma(o.mul(u, u2), o.poly(u2, ATAN), u)
+    r = o.sel(shifted, o.add(o.c(PI / 4), r), r)
+    return o.sel(inverted, o.sub(o.c(PI / 2), r), r)
+
+
+def _atan(o32: Ops, x):
+    b = o32.b
+    o = Ops(b, F64)
+    xd = b.fpext(x, F64)
+    return b.fptrunc(o.binary("copysign", _atan_f64(o, o.unary("fabs", xd)), xd), F32)   # odd: -0 stays -0
+
+
+def _asin_f64(o: Ops, xd):
+    """asin x = atan(x / sqrt((1-x)(1+x))): both factors exact in f64 for an f32 x, so the
+    ratio stays accurate next to +-1; NaN for |x| > 1 (the square root of a negative)."""
+    a = o.unary("fabs", xd)
+    root = o.unary("sqrt", o.mul(o.sub(o.c(1.0), a), o.add(o.c(1.0), a)))
+    return o.binary("copysign", _atan_f64(o, o.div(a, root)), xd)
+
+
+def _asin(o32: Ops, x):
+    o = Ops(o32.b, F64)
+    return o32.b.fptrunc(_asin_f64(o, o32.b.fpext(x, F64)), F32)
+
+
+def _acos(o32: Ops, x):
+    o = Ops(o32.b, F64)
+    # in f64 the difference loses nothing an f32 result keeps: acos of the f32 below 1 is 3.4e-4
+    return o32.b.fptrunc(o.sub(o.c(PI / 2), _asin_f64(o, o32.b.fpext(x, F64))), F32)
+
+
+def _atan2(o32: Ops, y, x):
+    """atan2 with torch's signs and special cases: atan(|y|/|x|) in f64 (no f32 quotient
+    overflows or underflows there), pi minus it where x is negative or -0, y's sign."""
+    b = o32.b
+    o = Ops(b, F64)
+    yd, xd = b.fpext(y, F64), b.fpext(x, F64)
+    ay, ax = o.unary("fabs", yd), o.unary("fabs", xd)
+    r = _atan_f64(o, o.div(ay, ax))
+    r = o.sel(b.and_(o.cmp("==", ay, o.c(0.0)), o.cmp("==", ax, o.c(0.0))), o.c(0.0), r)            # 0/0
+    r = o.sel(b.and_(o.cmp("==", ay, o.c(math.inf)), o.cmp("==", ax, o.c(math.inf))), o.c(PI / 4), r)  # inf/inf
+    x_negative = b.icmp_signed("<", b.bitcast(xd, I64), o.ic(0))     # the sign bit: -0 counts
+    r = o.sel(x_negative, o.sub(o.c(PI), r), r)
+    return b.fptrunc(o.binary("copysign", r, yd), F32)
 
 
 def _log_f64(o: Ops, a):
@@ -388,7 +455,8 @@ def _pow(o32: Ops, a, y):
 
 
 F32_FUNCS = {"exp": _exp, "log": _log, "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf,
-             "sigmoid": _sigmoid, "sin": _sin, "cos": _cos, "pow": _pow}
+             "sigmoid": _sigmoid, "sin": _sin, "cos": _cos, "tan": _tan, "atan": _atan, "asin": _asin, "acos": _acos,
+             "pow": _pow, "atan2": _atan2}
 
 
 class MathLib:

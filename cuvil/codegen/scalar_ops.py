@@ -82,7 +82,8 @@ def emit(op, args: list[Expr], let: Callable[[Expr], Expr]) -> Expr:
 
 # ----------------------------------------------------------------------------- unary
 
-for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "reciprocal", "neg", "abs"):
+for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "atan", "asin", "acos", "tanh",
+              "sigmoid", "erf", "reciprocal", "neg", "abs"):
     emitter(_name)((lambda fn: lambda attrs, x: call(fn, x))(_name))
 
 
@@ -142,6 +143,8 @@ def _cast(attrs, x):
 
 # torch on two bools: add is or, mul is and, maximum is or, minimum is and
 _BOOL_FORMS = {"add": "or", "mul": "and", "max": "or", "min": "and"}
+
+emitter("atan2")(lambda attrs, y, x: call("atan2", y, x))
 
 for _name, _fn in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"), ("maximum", "max"),
                    ("minimum", "min"), ("floor_div", "floordiv"), ("remainder", "rem")):

@@ -1,4 +1,4 @@
-"""Cuvil's own exp/log/log1p/expm1/tanh/erf/sigmoid/sin/cos/pow (mathlib.py): accuracy in ULPs against float64
+"""Cuvil's own exp/log/log1p/expm1/tanh/erf/sigmoid/sin/cos/tan/atan/asin/acos/pow/atan2 (mathlib.py): accuracy in ULPs against float64
 over wide ranges, agreement with eager torch, and IEEE special values (inf, nan, 0, denormals)."""
 import numpy as np
 import pytest
@@ -11,17 +11,21 @@ from cuvil.codegen.kernel_text import parse_kernels
 from cuvil.codegen.mathlib import MathLib
 from cuvil.codegen.target import Target
 
-UNARY = ["exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos"]
+UNARY = ["exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin", "acos"]
 # max error in units in the last place of the f32 result, measured against float64
-MAX_ULP = {"exp": 1.0, "log": 1.0, "log1p": 2.0, "expm1": 2.0, "tanh": 1.5, "erf": 2.5, "sigmoid": 2.5, "sin": 1.0, "cos": 1.0, "pow": 1.0}
+MAX_ULP = {"exp": 1.0, "log": 1.0, "log1p": 2.0, "expm1": 2.0, "tanh": 1.5, "erf": 2.5, "sigmoid": 2.5, "sin": 1.0, "cos": 1.0, "tan": 1.0,
+           "atan": 1.0, "asin": 1.0, "acos": 1.0, "pow": 1.0, "atan2": 1.0}
 REFERENCE = {"exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch.expm1, "tanh": torch.tanh, "erf": torch.erf, "sigmoid": torch.sigmoid,
-             "sin": torch.sin, "cos": torch.cos}
+             "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "atan": torch.atan, "asin": torch.asin,
+             "acos": torch.acos}
 
 KERNELS = (
     "kernel @unary(%x: in f32[s0], " + ", ".join(f"%{f}: out f32[s0]" for f in UNARY) + ") dims(s0) {\n"
     "  parallel for i in 0..s0 {\n" + "".join(f"    %{f}[i] = {f}(%x[i])\n" for f in UNARY) + "  }\n}\n"
     "kernel @power(%a: in f32[s0], %b: in f32[s0], %out: out f32[s0]) dims(s0) {\n"
-    "  parallel for i in 0..s0 {\n    %out[i] = pow(%a[i], %b[i])\n  }\n}\n")
+    "  parallel for i in 0..s0 {\n    %out[i] = pow(%a[i], %b[i])\n  }\n}\n"
+    "kernel @angle(%y: in f32[s0], %x: in f32[s0], %out: out f32[s0]) dims(s0) {\n"
+    "  parallel for i in 0..s0 {\n    %out[i] = atan2(%y[i], %x[i])\n  }\n}\n")
 
 
 @pytest.fixture(scope="module", params=["host", "portable"])
@@ -110,3 +114,42 @@ def test_pow_accuracy_and_special_cases(compiled):
     call_kernel(compiled, "power", [a, b, out])
     torch.testing.assert_close(out, torch.pow(a, b), equal_nan=True, rtol=0, atol=0)
     assert torch.equal(torch.signbit(out[out == 0]), torch.signbit(torch.pow(a, b)[out == 0]))
+
+
+def test_trigonometric_inverses_next_to_their_edges(compiled):
+    # asin/acos next to +-1 (where 1 - x^2 cancels in f32) and atan next to its reduction points
+    below_one = torch.nextafter(torch.ones(1), torch.zeros(1)).item()
+    x = torch.cat([torch.linspace(-1, 1, 200_001), torch.tensor([below_one, -below_one, 0.41421356, 0.41421357]),
+                   1 - torch.logspace(-7.2, -1, 5_001), torch.linspace(0.999, 1.001, 2_001)]).float()
+    outs = run_unary(compiled, x)
+    for name in ("asin", "acos", "atan", "tan"):
+        assert max_ulp(outs[name], REFERENCE[name](x.double())) <= MAX_ULP[name], name
+
+
+def test_tan_next_to_its_poles(compiled):
+    # the f32 values nearest odd multiples of pi/2, where tan is largest and most sensitive
+    poles = torch.tensor([(2 * k + 1) * torch.pi / 2 for k in range(-50, 50)], dtype=torch.float64).float()
+    x = torch.cat([poles, torch.nextafter(poles, poles + 1), torch.nextafter(poles, poles - 1)])
+    outs = run_unary(compiled, x)
+    assert max_ulp(outs["tan"], torch.tan(x.double())) <= MAX_ULP["tan"]
+
+
+def test_atan2_accuracy_and_special_cases(compiled):
+    g = torch.Generator().manual_seed(2)
+    y = torch.cat([torch.randn(50_000, generator=g) * 10, torch.logspace(-38, 38, 10_001),
+                   -torch.logspace(-38, 38, 10_001)]).float()
+    x = torch.cat([torch.randn(50_000, generator=g) * 10, torch.logspace(38, -38, 10_001),
+                   torch.logspace(-38, 38, 10_001)]).float()
+    out = torch.empty_like(y)
+    call_kernel(compiled, "angle", [y, x, out])
+    assert max_ulp(out, torch.atan2(y.double(), x.double())) <= MAX_ULP["atan2"]
+    values = [0.0, -0.0, 1.0, -1.0, 1e-45, -3e38, float("inf"), float("-inf"), float("nan")]
+    y, x = (t.reshape(-1).float() for t in torch.meshgrid(torch.tensor(values), torch.tensor(values), indexing="ij"))
+    out = torch.empty_like(y)
+    call_kernel(compiled, "angle", [y, x, out])
+    # zeros, infinities and nan on either side: exactly torch's answer (signed zeros, +-pi, +-pi/4, ...)
+    special = (y == 0) | (x == 0) | ~torch.isfinite(y) | ~torch.isfinite(x)
+    torch.testing.assert_close(out[special], torch.atan2(y, x)[special], equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(out[out == 0]), torch.signbit(torch.atan2(y, x)[out == 0]))
+    # the others correctly rounded (torch's own f32 atan2(1, 1) is an ulp off pi/4)
+    assert max_ulp(out[~special], torch.atan2(y[~special].double(), x[~special].double())) <= 0.5 + 1e-6

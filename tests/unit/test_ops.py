@@ -70,13 +70,15 @@ _erf = np.vectorize(math.erf)
 UNARY = {
     "neg": lambda x: -x, "abs": np.abs, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
     "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+    "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tan": np.tan, "atan": np.arctan,
+    "asin": np.arcsin, "acos": np.arccos, "tanh": np.tanh,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
     "silu": lambda x: x / (1 + np.exp(-x)), "erf": _erf, "reciprocal": lambda x: 1 / x,
     "logical_not": np.logical_not, "floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc,
     "sign": np.sign,
 }
 POSITIVE_ONLY = {"log", "log1p", "sqrt", "rsqrt"}
+UNIT_INTERVAL = {"asin", "acos"}
 
 
 @pytest.mark.parametrize("name", sorted(UNARY))
@@ -84,6 +86,8 @@ def test_unary(name):
     x = randn(3, 5) * 3
     if name in POSITIVE_ONLY:
         x = x.abs() + 0.1
+    if name in UNIT_INTERVAL:
+        x = torch.tanh(x)
     types, (out,) = run(f"cuvil.{name}", [x], types=[T(F32, s0, 5)])
     assert types == ["tensor<s0x5xbool>".replace("bool", "i1" if name == "logical_not" else "f32")]
     close(out, UNARY[name](x.numpy()), rtol=1e-5, atol=1e-6)
@@ -120,7 +124,7 @@ BINARY = {
     "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less,
     "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "logical_and": np.logical_and,
     "logical_or": np.logical_or, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
-    "floor_div": np.floor_divide, "remainder": np.remainder,
+    "floor_div": np.floor_divide, "remainder": np.remainder, "atan2": np.arctan2,
 }
 PREDICATES = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
 
