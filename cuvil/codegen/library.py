@@ -143,18 +143,30 @@ def avg_pool2d(lw, op, idx):
     return call("div", total, cast(Index(counts[0] * counts[1]), dtype))
 
 
-def adaptive_avg_pool2d(lw, op, idx):
+def _adaptive_windows(op, idx) -> list[tuple[str, object, object]]:
+    """(loop name, first row or column, extent) of the window output `idx` pools, per spatial axis."""
     x = op.operands[0]
-    dtype = compute_dtype(x.type.dtype)
     ranges = []
-    axes = _spatial(op)
-    for name, a in zip(("kh", "kw"), axes):
+    for name, a in zip(("kh", "kw"), _spatial(op)):
         o, size, out = idx[a], x.type.shape[a], op.results[0].type.shape[a]
         start = sympy.floor(sympy.sympify(o) * size / out)
         end = sympy.ceiling((sympy.sympify(o) + 1) * size / out)
         ranges.append((name, start, end - start))
-    total = lw.reduce("sum", ranges, lambda rv: lw.value(x, _at(idx, axes, rv)), dtype, "pool")
+    return ranges
+
+
+def adaptive_avg_pool2d(lw, op, idx):
+    x = op.operands[0]
+    dtype = compute_dtype(x.type.dtype)
+    ranges = _adaptive_windows(op, idx)
+    total = lw.reduce("sum", ranges, lambda rv: lw.value(x, _at(idx, _spatial(op), rv)), dtype, "pool")
     return call("div", total, cast(Index(ranges[0][2] * ranges[1][2]), dtype))
+
+
+def adaptive_max_pool2d(lw, op, idx):
+    x = op.operands[0]
+    return lw.reduce("max", _adaptive_windows(op, idx), lambda rv: lw.value(x, _at(idx, _spatial(op), rv)),
+                     compute_dtype(x.type.dtype), "pool")
 
 
 # ----------------------------------------------------------------------------- convolution
@@ -689,7 +701,8 @@ def cumsum(lw, op, idx):
 
 
 WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
-              "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.conv2d": conv2d_direct,
+              "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.adaptive_max_pool2d": adaptive_max_pool2d,
+              "cuvil.conv2d": conv2d_direct,
               "cuvil.cumsum": cumsum}
 LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa}
 

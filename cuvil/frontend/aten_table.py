@@ -672,6 +672,11 @@ def adaptive_avg_pool2d(L: Lowering, x, output_size):
     return L.op("cuvil.adaptive_avg_pool2d", x, output_size=pair(output_size))
 
 
+def adaptive_max_pool2d(L: Lowering, x, output_size):
+    return (L.op("cuvil.adaptive_max_pool2d", x, output_size=pair(output_size)),
+            Unavailable("the indices output of adaptive_max_pool2d"))
+
+
 def embedding(L: Lowering, weight, indices, *_):
     return L.op("cuvil.embedding", weight, indices)
 
@@ -892,6 +897,7 @@ ATEN_TABLE = {
     aten.avg_pool2d.default: avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
     aten.embedding.default: embedding,
     aten.scaled_dot_product_attention.default: sdpa,
     # shapes, views, indexing

@@ -33,7 +33,8 @@ from .fold_constants import add_constant
 from .registry import register_pass
 from .rewrite import ANY_OP, Rewriter, apply_patterns, producer
 
-IMAGE_OPS = frozenset({"cuvil.conv2d", "cuvil.max_pool2d", "cuvil.avg_pool2d", "cuvil.adaptive_avg_pool2d"})
+IMAGE_OPS = frozenset({"cuvil.conv2d", "cuvil.max_pool2d", "cuvil.avg_pool2d", "cuvil.adaptive_avg_pool2d",
+                       "cuvil.adaptive_max_pool2d"})
 CONSTANT_SOURCES = frozenset({"cuvil.const", "cuvil.literal", "cuvil.full"})
 
 

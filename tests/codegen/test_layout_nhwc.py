@@ -35,8 +35,9 @@ GRAPHS = {
     **{f"avgpool{i}": Graph(f"nhwc_avgpool{i}", lambda b, x, k=k, s=s, p=p, cm=cm: b(
         "cuvil.avg_pool2d", x, kernel=[k, k], stride=[s, s], padding=[p, p], ceil_mode=cm, count_include_pad=False,
         layout="nhwc"), [T(2, 11, 12, 5)]) for i, (k, s, p, d, cm) in enumerate(POOLS)},
-    "adaptive": Graph("nhwc_adaptive", lambda b, x: [b("cuvil.adaptive_avg_pool2d", x, output_size=list(o),
-                                                       layout="nhwc") for o in ((1, 1), (3, 5), (11, 12))],
+    "adaptive": Graph("nhwc_adaptive", lambda b, x: [b(f"cuvil.adaptive_{kind}_pool2d", x, output_size=list(o),
+                                                       layout="nhwc") for kind in ("avg", "max")
+                                                     for o in ((1, 1), (3, 5), (11, 12))],
                       [T("s0", 11, 12, 6)]),
     # the stem of a CNN after the layout pass: an NCHW input permuted to NHWC, then a 3-channel conv
     "stem": Graph("nhwc_stem", lambda b, x, w, bi: b("cuvil.relu", b(
@@ -75,8 +76,10 @@ def test_nhwc_pooling_matches_nchw(compiled, i):
 
 def test_nhwc_adaptive_pooling(compiled):
     x = rand(4, 6, 11, 12)
-    for out, size in zip(run(GRAPHS["adaptive"], compiled, nhwc(x)), ((1, 1), (3, 5), (11, 12))):
-        torch.testing.assert_close(nchw(out), F.adaptive_avg_pool2d(x, size))
+    expected = [fn(x, size) for fn in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d)
+                for size in ((1, 1), (3, 5), (11, 12))]
+    for out, ref in zip(run(GRAPHS["adaptive"], compiled, nhwc(x)), expected):
+        torch.testing.assert_close(nchw(out), ref)
 
 
 def test_permuted_input_is_read_inside_the_conv_kernel(compiled):

@@ -44,7 +44,8 @@ GRAPHS = {
             "cuvil.avg_pool2d", x, kernel=[k, k], stride=[s, s], padding=[p, p], ceil_mode=cm, count_include_pad=cip,
             divisor=div), [T(2, 3, 11, 12)])
        for i, (k, s, p, d, cm) in enumerate(POOLS) for cip in (True, False) for div in (None, 5)},
-    "adaptive": Graph("adaptive", lambda b, x: [b("cuvil.adaptive_avg_pool2d", x, output_size=list(o))
+    "adaptive": Graph("adaptive", lambda b, x: [b(f"cuvil.adaptive_{kind}_pool2d", x, output_size=list(o))
+                                                for kind in ("avg", "max")
                                                 for o in ((1, 1), (3, 5), (5, 7), (11, 12))], [T("s0", 3, 11, 12)]),
     "pool_3d_input": Graph("pool_3d_input", lambda b, x: b("cuvil.max_pool2d", x, kernel=[2, 2]), [T(3, 8, 8)]),
 }
@@ -117,8 +118,11 @@ def test_pooling(compiled, i):
 
 def test_adaptive_pooling_and_rank3_input(compiled):
     x = rand(2, 3, 11, 12)
-    for out, size in zip(run(GRAPHS["adaptive"], compiled, x), ((1, 1), (3, 5), (5, 7), (11, 12))):
-        torch.testing.assert_close(out, F.adaptive_avg_pool2d(x, size))
+    x[0, 1, 4, 4] = float("nan")            # max pooling passes a NaN on, as torch's does
+    expected = [fn(x, size) for fn in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d)
+                for size in ((1, 1), (3, 5), (5, 7), (11, 12))]
+    for out, ref in zip(run(GRAPHS["adaptive"], compiled, x), expected):
+        torch.testing.assert_close(out, ref, equal_nan=True)
     x = rand(3, 8, 8)
     torch.testing.assert_close(run(GRAPHS["pool_3d_input"], compiled, x), F.max_pool2d(x, 2))
 

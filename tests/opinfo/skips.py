@@ -54,6 +54,7 @@ REFUSALS: list[Refusal] = [
             "place; Cuvil imports inference functions"),
     Refusal("nn.functional.max_pool1d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
     Refusal("nn.functional.max_pool2d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
+    Refusal("nn.functional.adaptive_max_pool2d", r"indices output of adaptive_max_pool2d", POOL_INDICES),
     Refusal("nn.functional.scaled_dot_product_attention", r"dropout_p=", "dropout_p > 0 is random (training); "
             "inference attention needs dropout_p=0"),
 ]

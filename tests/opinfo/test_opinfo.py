@@ -168,6 +168,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.max_pool2d_with_indices.default": ["nn.functional.max_pool2d", "nn.functional.max_pool1d"],
     "aten.avg_pool2d.default": ["nn.functional.avg_pool2d"],
     "aten.adaptive_avg_pool2d.default": ["nn.functional.adaptive_avg_pool2d"],
+    "aten.adaptive_max_pool2d.default": ["nn.functional.adaptive_max_pool2d"],
     "aten.embedding.default": ["nn.functional.embedding"],
     "aten.scaled_dot_product_attention.default": ["nn.functional.scaled_dot_product_attention"],
     # shapes, views, indexing

@@ -125,6 +125,7 @@ cuvil.func @nn(%x: tensor<s0x3x17x17xf32>, %tokens: tensor<s0x5xi64>, %q: tensor
   %3 = cuvil.max_pool2d %2 {kernel = [3, 3], stride = [2, 2], padding = [1, 1], ceil_mode = true} : tensor<s0x6x8x8xf32> -> tensor<s0x6x5x5xf32>
   %4 = cuvil.avg_pool2d %3 {kernel = [2, 2], stride = [1, 1], divisor = 3} : tensor<s0x6x5x5xf32> -> tensor<s0x6x4x4xf32>
   %5 = cuvil.adaptive_avg_pool2d %4 {output_size = [3, 3]} : tensor<s0x6x4x4xf32> -> tensor<s0x6x3x3xf32>
+  %m = cuvil.adaptive_max_pool2d %4 {output_size = [2, 3]} : tensor<s0x6x4x4xf32> -> tensor<s0x6x2x3xf32>
   %6 = cuvil.embedding %emb, %tokens : (tensor<100x12xf32>, tensor<s0x5xi64>) -> tensor<s0x5x12xf32>
   %7 = cuvil.linear %6, %lin.weight : (tensor<s0x5x12xf32>, tensor<12x12xf32>) -> tensor<s0x5x12xf32>
   %8 = cuvil.layer_norm %7 {normalized_ndim = 1} : tensor<s0x5x12xf32> -> tensor<s0x5x12xf32>

@@ -355,12 +355,14 @@ class AvgPool2dOp(OpDef):
 
 @register_op
 class AdaptiveAvgPool2dOp(OpDef):
-    """Average pooling to a fixed `output_size` over H and W (see max_pool2d)."""
+    """Average pooling to a fixed `output_size` over H and W (see max_pool2d): output row i pools
+    input rows floor(i*H/out) .. ceil((i+1)*H/out) - 1, likewise for columns."""
     name = "cuvil.adaptive_avg_pool2d"
     operands = ("x",)
     attrs = {"output_size": required("ints"), "layout": optional("str", "nchw")}
     tags = frozenset({"opaque"})
     amp = "follow"
+    torch_fn = staticmethod(F.adaptive_avg_pool2d)
 
     @staticmethod
     def infer(types, attrs):
@@ -372,9 +374,16 @@ class AdaptiveAvgPool2dOp(OpDef):
             shape[axis] = size
         return [x.with_shape(tuple(shape))]
 
-    @staticmethod
-    def evaluate(attrs, x):
-        return _in_nchw(attrs, lambda t: F.adaptive_avg_pool2d(t, attrs["output_size"]), x)
+    @classmethod
+    def evaluate(cls, attrs, x):
+        return _in_nchw(attrs, lambda t: cls.torch_fn(t, attrs["output_size"]), x)
+
+
+@register_op
+class AdaptiveMaxPool2dOp(AdaptiveAvgPool2dOp):
+    """Max pooling to a fixed `output_size` over the windows of adaptive_avg_pool2d."""
+    name = "cuvil.adaptive_max_pool2d"
+    torch_fn = staticmethod(F.adaptive_max_pool2d)
 
 
 # ----------------------------------------------------------------------------- lookup and attention
