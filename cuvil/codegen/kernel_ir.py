@@ -204,7 +204,7 @@ class FuncSig:
 
 
 _UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan",
-                "atan", "asin", "acos",
+                "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
                 "floor", "ceil", "round", "trunc", "reciprocal")
 FUNCS: dict[str, FuncSig] = {
     **{f: FuncSig(1, _FLOAT, "same") for f in _UNARY_FLOAT},

@@ -14,7 +14,7 @@ arithmetic is plain IEEE except the combine step of reductions, which carries `r
 so LLVM may vectorise and reorder the sum (Cuvil's reductions are compared against an fp64
 reference, not bit-for-bit against eager); long float sums are blocked and the blocks added
 pairwise (`KernelEmitter._pairwise_sum`, docs/codegen.md#llvm-emission). Scalar functions come from two tables, `FLOAT_OPS` and
-`INT_OPS` (one small emitter per function); exp/log/tanh/erf/sigmoid/sin/cos/tan/atan/asin/acos/pow/atan2 are Cuvil's own
+`INT_OPS` (one small emitter per function); exp/log/tanh/erf/sigmoid, the trigonometric and hyperbolic functions, pow and atan2 are Cuvil's own
 branch-free implementations in `mathlib`.
 
 Debug locations tie the code to the kernel IR: each kernel's functions get a DISubprogram (file
@@ -68,7 +68,7 @@ SUM_LANES = 64
 # 20-op chain with six transcendental ops measured 29 -> 19 -> 18 us per 4096 elements for 1, 2, 4
 LATENCY_INTERLEAVE = 4
 LATENCY_FUNCS = frozenset({"exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin",
-                           "acos", "atan2", "pow", "sqrt", "rsqrt",
+                           "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "pow", "sqrt", "rsqrt",
                            "div", "reciprocal"})
 PAIRWISE_DEPTH = 64
 
@@ -808,7 +808,7 @@ FLOAT_OPS: dict[str, Callable] = {
     "floordiv": _float_floordiv,
     "rem": _float_rem,
     **{f: _math(f) for f in ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan",
-                             "asin", "acos", "pow", "atan2")},
+                             "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "atan2")},
     **{c: (lambda p: lambda em, x, y: em.b.fcmp_ordered(p, x, y))(p)
        for c, p in (("eq", "=="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
     "ne": lambda em, x, y: em.b.fcmp_unordered("!=", x, y),

@@ -1,14 +1,15 @@
 """Cuvil's own vectorisable math functions, written as LLVM IR.
 
 Generated code may call nothing outside its module except BLAS, so exp, log, log1p, expm1, tanh,
-erf, sigmoid, sin, cos, tan, atan, asin, acos, pow and atan2 are defined here: branch-free (selects only) internal `alwaysinline` functions
+erf, sigmoid, sin, cos, tan, atan, asin, acos, sinh, cosh, asinh, acosh, atanh, pow and atan2 are
+defined here: branch-free (selects only) internal `alwaysinline` functions
 that LLVM inlines into the kernel loops and then vectorises like any other arithmetic.
 
 The f32 polynomials (exp, log, tanh, erf) were fitted for Cuvil by iteratively reweighted least
 squares on Chebyshev nodes (near-minimax relative error, 1e-9..1e-7 before rounding the
 coefficients to f32); tests/codegen/test_mathlib.py measures the final error against float64
-references over wide ranges. sin, cos, tan, atan, asin, acos, atan2 and pow work in f64
-internally (range reduction, the series, exp/log of the product), which keeps them correctly
+references over wide ranges. sin, cos, tan, atan, asin, acos, atan2, the hyperbolic functions
+and pow work in f64 internally (range reduction, the series, exp/log of the product), which keeps them correctly
 rounded to f32 in practice.
 """
 from __future__ import annotations
@@ -454,9 +455,76 @@ def _pow(o32: Ops, a, y):
     return b.fptrunc(res, F32)
 
 
+def _f64_unary(body):
+    """An f32 function computed in f64 by `body(o64, x64)`: rounded once, at the end."""
+    def fn(o32: Ops, x):
+        o = Ops(o32.b, F64)
+        return o32.b.fptrunc(body(o, o32.b.fpext(x, F64)), F32)
+    return fn
+
+
+def _log_any_f64(o: Ops, a):
+    """log of any f64 (_log_f64 takes positive finite normal values): -inf at 0, inf at inf, NaN below 0."""
+    ok = o.b.and_(o.cmp(">", a, o.c(0.0)), o.cmp("<", a, o.c(math.inf)))
+    out = _log_f64(o, o.sel(ok, a, o.c(1.0)))
+    out = o.sel(o.cmp("==", a, o.c(0.0)), o.c(-math.inf), o.sel(o.cmp("==", a, o.c(math.inf)), a, out))
+    return o.sel(o.b.or_(o.cmp("<", a, o.c(0.0)), o.isnan(a)), o.c(math.nan), out)
+
+
+def _exp_any_f64(o: Ops, t):
+    """exp of any f64 that rounds in f32 like the true value: t clamped to [-110, 90], NaN kept."""
+    tc = o.sel(o.cmp(">", t, o.c(90.0)), o.c(90.0), o.sel(o.cmp("<", t, o.c(-110.0)), o.c(-110.0), t))
+    return o.sel(o.isnan(t), t, _exp_f64(o, o.sel(o.isnan(t), o.c(0.0), tc)))
+
+
+def _odd_series(o: Ops, a, coeffs):
+    """a + a^3 * (coeffs[0] + coeffs[1] a^2 + ...)."""
+    a2 = o.mul(a, a)
+    return o.fma(o.mul(a, a2), o.poly(a2, coeffs), a)
+
+
+# Taylor coefficients past the first term, for |x| below 1 (sinh) or 1/8 (asinh, atanh): 9 or 10 terms
+# leave under 1e-17 of the result
+SINH = [1 / math.factorial(2 * k + 3) for k in range(9)]
+ASINH = [(-1) ** (k + 1) * math.factorial(2 * k + 2) / (4 ** (k + 1) * math.factorial(k + 1) ** 2 * (2 * k + 3))
+         for k in range(10)]
+ATANH = [1 / (2 * k + 3) for k in range(10)]
+
+
+def _sinh64(o: Ops, x):
+    a = o.unary("fabs", x)
+    e = _exp_any_f64(o, a)
+    large = o.mul(o.sub(e, o.div(o.c(1.0), e)), o.c(0.5))
+    return o.binary("copysign", o.sel(o.cmp("<", a, o.c(1.0)), _odd_series(o, a, SINH), large), x)
+
+
+def _cosh64(o: Ops, x):
+    e = _exp_any_f64(o, o.unary("fabs", x))
+    return o.mul(o.add(e, o.div(o.c(1.0), e)), o.c(0.5))
+
+
+def _asinh64(o: Ops, x):
+    a = o.unary("fabs", x)
+    large = _log_any_f64(o, o.add(a, o.unary("sqrt", o.fma(a, a, o.c(1.0)))))
+    return o.binary("copysign", o.sel(o.cmp("<", a, o.c(0.125)), _odd_series(o, a, ASINH), large), x)
+
+
+def _acosh64(o: Ops, x):
+    # (x-1)(x+1): both exact in f64 for an f32 x, so nothing cancels next to 1
+    out = _log_any_f64(o, o.add(x, o.unary("sqrt", o.mul(o.sub(x, o.c(1.0)), o.add(x, o.c(1.0))))))
+    return o.sel(o.cmp("<", x, o.c(1.0)), o.c(math.nan), out)
+
+
+def _atanh64(o: Ops, x):
+    a = o.unary("fabs", x)
+    large = o.mul(o.c(0.5), _log_any_f64(o, o.div(o.add(o.c(1.0), a), o.sub(o.c(1.0), a))))
+    return o.binary("copysign", o.sel(o.cmp("<", a, o.c(0.125)), _odd_series(o, a, ATANH), large), x)
+
+
 F32_FUNCS = {"exp": _exp, "log": _log, "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf,
              "sigmoid": _sigmoid, "sin": _sin, "cos": _cos, "tan": _tan, "atan": _atan, "asin": _asin, "acos": _acos,
-             "pow": _pow, "atan2": _atan2}
+             "sinh": _f64_unary(_sinh64), "cosh": _f64_unary(_cosh64), "asinh": _f64_unary(_asinh64),
+             "acosh": _f64_unary(_acosh64), "atanh": _f64_unary(_atanh64), "pow": _pow, "atan2": _atan2}
 
 
 class MathLib:

@@ -82,8 +82,8 @@ def emit(op, args: list[Expr], let: Callable[[Expr], Expr]) -> Expr:
 
 # ----------------------------------------------------------------------------- unary
 
-for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "atan", "asin", "acos", "tanh",
-              "sigmoid", "erf", "reciprocal", "neg", "abs"):
+for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "atan", "asin", "acos", "sinh",
+              "cosh", "asinh", "acosh", "atanh", "tanh", "sigmoid", "erf", "reciprocal", "neg", "abs"):
     emitter(_name)((lambda fn: lambda attrs, x: call(fn, x))(_name))
 
 

@@ -1,4 +1,4 @@
-"""Cuvil's own exp/log/log1p/expm1/tanh/erf/sigmoid/sin/cos/tan/atan/asin/acos/pow/atan2 (mathlib.py): accuracy in ULPs against float64
+"""Cuvil's own exp/log/log1p/expm1/tanh/erf/sigmoid, trigonometric and hyperbolic functions, pow and atan2 (mathlib.py): accuracy in ULPs against float64
 over wide ranges, agreement with eager torch, and IEEE special values (inf, nan, 0, denormals)."""
 import numpy as np
 import pytest
@@ -11,13 +11,16 @@ from cuvil.codegen.kernel_text import parse_kernels
 from cuvil.codegen.mathlib import MathLib
 from cuvil.codegen.target import Target
 
-UNARY = ["exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin", "acos"]
+UNARY = ["exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin", "acos", "sinh",
+         "cosh", "asinh", "acosh", "atanh"]
 # max error in units in the last place of the f32 result, measured against float64
 MAX_ULP = {"exp": 1.0, "log": 1.0, "log1p": 2.0, "expm1": 2.0, "tanh": 1.5, "erf": 2.5, "sigmoid": 2.5, "sin": 1.0, "cos": 1.0, "tan": 1.0,
-           "atan": 1.0, "asin": 1.0, "acos": 1.0, "pow": 1.0, "atan2": 1.0}
+           "atan": 1.0, "asin": 1.0, "acos": 1.0, "sinh": 1.0, "cosh": 1.0, "asinh": 1.0, "acosh": 1.0, "atanh": 1.0,
+           "pow": 1.0, "atan2": 1.0}
 REFERENCE = {"exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch.expm1, "tanh": torch.tanh, "erf": torch.erf, "sigmoid": torch.sigmoid,
              "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "atan": torch.atan, "asin": torch.asin,
-             "acos": torch.acos}
+             "acos": torch.acos, "sinh": torch.sinh, "cosh": torch.cosh, "asinh": torch.asinh, "acosh": torch.acosh,
+             "atanh": torch.atanh}
 
 KERNELS = (
     "kernel @unary(%x: in f32[s0], " + ", ".join(f"%{f}: out f32[s0]" for f in UNARY) + ") dims(s0) {\n"
@@ -78,7 +81,12 @@ def test_unary_accuracy_against_float64(compiled):
     for name, out in outs.items():
         ref = REFERENCE[name](x.double())
         assert max_ulp(out, ref) <= MAX_ULP[name], name
-        torch.testing.assert_close(out, REFERENCE[name](x), equal_nan=True, msg=name)
+        eager = REFERENCE[name](x)
+        # torch's own f32 sinh and cosh overflow from |x| = 88.72 (where e^x does), although the
+        # true values are finite up to 89.41: there the float64 reference decides, above
+        agree = ~(torch.isinf(eager) & torch.isfinite(ref.float()))
+        assert name in ("sinh", "cosh") or agree.all(), name
+        torch.testing.assert_close(out[agree], eager[agree], equal_nan=True, msg=name)
 
 
 def test_unary_special_values(compiled):
@@ -87,7 +95,8 @@ def test_unary_special_values(compiled):
     for name, out in outs.items():
         special = REFERENCE[name](x[:5])        # inf, -inf, nan, 0, -0: exactly torch's answer
         torch.testing.assert_close(out[:5], special, equal_nan=True, rtol=0, atol=0, msg=name)
-        assert torch.equal(torch.signbit(out[3:5]), torch.signbit(special[3:])), name   # signed zeros
+        zeros = special[3:] == 0                # signed zeros (a NaN's sign means nothing)
+        assert torch.equal(torch.signbit(out[3:5][zeros]), torch.signbit(special[3:][zeros])), name
         assert max_ulp(out[5:], REFERENCE[name](x[5:].double())) <= MAX_ULP[name], name
 
 
@@ -122,7 +131,7 @@ def test_trigonometric_inverses_next_to_their_edges(compiled):
     x = torch.cat([torch.linspace(-1, 1, 200_001), torch.tensor([below_one, -below_one, 0.41421356, 0.41421357]),
                    1 - torch.logspace(-7.2, -1, 5_001), torch.linspace(0.999, 1.001, 2_001)]).float()
     outs = run_unary(compiled, x)
-    for name in ("asin", "acos", "atan", "tan"):
+    for name in ("asin", "acos", "atan", "tan", "atanh", "acosh", "asinh", "sinh"):
         assert max_ulp(outs[name], REFERENCE[name](x.double())) <= MAX_ULP[name], name
 
 

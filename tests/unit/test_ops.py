@@ -71,14 +71,16 @@ UNARY = {
     "neg": lambda x: -x, "abs": np.abs, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
     "sqrt": np.sqrt,
     "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tan": np.tan, "atan": np.arctan,
-    "asin": np.arcsin, "acos": np.arccos, "tanh": np.tanh,
+    "asin": np.arcsin, "acos": np.arccos, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
+    "acosh": np.arccosh, "atanh": np.arctanh, "tanh": np.tanh,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
     "silu": lambda x: x / (1 + np.exp(-x)), "erf": _erf, "reciprocal": lambda x: 1 / x,
     "logical_not": np.logical_not, "floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc,
     "sign": np.sign,
 }
 POSITIVE_ONLY = {"log", "log1p", "sqrt", "rsqrt"}
-UNIT_INTERVAL = {"asin", "acos"}
+UNIT_INTERVAL = {"asin", "acos", "atanh"}
+AT_LEAST_ONE = {"acosh"}
 
 
 @pytest.mark.parametrize("name", sorted(UNARY))
@@ -88,6 +90,8 @@ def test_unary(name):
         x = x.abs() + 0.1
     if name in UNIT_INTERVAL:
         x = torch.tanh(x)
+    if name in AT_LEAST_ONE:
+        x = x.abs() + 1
     types, (out,) = run(f"cuvil.{name}", [x], types=[T(F32, s0, 5)])
     assert types == ["tensor<s0x5xbool>".replace("bool", "i1" if name == "logical_not" else "f32")]
     close(out, UNARY[name](x.numpy()), rtol=1e-5, atol=1e-6)
@@ -464,9 +468,10 @@ def test_avg_pool2d():
     close(div, _windows(x.double().numpy(), 2, 2, (2, 2), (1, 1)).sum(axis=(4, 5)) / 3)
 
 
-def test_adaptive_avg_pool2d():
+@pytest.mark.parametrize("kind, fold", [("avg", np.mean), ("max", np.max)])
+def test_adaptive_pool2d(kind, fold):
     x = randn(2, 3, 7, 5)
-    types, (out,) = run("cuvil.adaptive_avg_pool2d", [x], {"output_size": [3, 2]}, types=[T(F32, s0, 3, 7, 5)])
+    types, (out,) = run(f"cuvil.adaptive_{kind}_pool2d", [x], {"output_size": [3, 2]}, types=[T(F32, s0, 3, 7, 5)])
     assert types == ["tensor<s0x3x3x2xf32>"]
     v = x.double().numpy()
     ref = np.empty((2, 3, 3, 2))
@@ -474,7 +479,7 @@ def test_adaptive_avg_pool2d():
         for j in range(2):
             h0, h1 = (i * 7) // 3, -(-((i + 1) * 7) // 3)
             w0, w1 = (j * 5) // 2, -(-((j + 1) * 5) // 2)
-            ref[:, :, i, j] = v[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
+            ref[:, :, i, j] = fold(v[:, :, h0:h1, w0:w1], axis=(2, 3))
     close(out, ref)
 
 

@@ -15,7 +15,7 @@ from cuvil.ir.ops import builtin_ops
 from cuvil.ir.printer import attr_value_str, print_op, value_names
 
 UNARY = ["neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "atan", "asin", "acos",
-         "tanh", "sigmoid", "relu", "silu", "erf", "reciprocal", "floor", "ceil", "round", "trunc", "sign"]
+         "sinh", "cosh", "asinh", "acosh", "atanh", "tanh", "sigmoid", "relu", "silu", "erf", "reciprocal", "floor", "ceil", "round", "trunc", "sign"]
 ARITH = ["add", "sub", "mul", "div", "pow", "atan2", "maximum", "minimum", "floor_div", "remainder"]
 COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
 
