@@ -262,9 +262,15 @@ def div_mode(L: Lowering, a, b, rounding_mode=None):
         return binary("cuvil.div", int_to_float=True)(L, a, b)
     if rounding_mode == "floor":
         return binary("cuvil.floor_div")(L, a, b)
-    if rounding_mode == "trunc" and L.out_dtype().is_float:
+    if rounding_mode != "trunc":
+        L.unsupported(f"rounding_mode={rounding_mode!r}")
+    if L.out_dtype().is_float:
         return L.op("cuvil.trunc", binary("cuvil.div")(L, a, b))
-    L.unsupported(f"rounding_mode={rounding_mode!r}")
+    # integers: the floor quotient, one up where the division is inexact and the signs differ
+    q = binary("cuvil.floor_div")(L, a, b)
+    inexact = binary("cuvil.ne")(L, binary("cuvil.remainder")(L, a, b), 0)
+    signs_differ = binary("cuvil.ne")(L, binary("cuvil.lt")(L, a, 0), binary("cuvil.lt")(L, b, 0))
+    return binary("cuvil.add")(L, q, L.op("cuvil.logical_and", inexact, signs_differ))
 
 
 def pow_(L: Lowering, a, b):

@@ -238,6 +238,7 @@ TESTED_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "neg": FI, "abs": FI, "exp": FI, "sign": FIB, "logical_not": FIB, "bitwise_not": (b8,),
     "float": FIB, "long": FIB, "bool": FIB,
     "add": FIIB, "sub": FI, "mul": FIIB, "div[no_rounding_mode]": FI, "div[floor_rounding]": FI,
+    "div[trunc_rounding]": FI,
     "floor_divide": FI, "remainder": FI, "pow": F, "atan2": FI, "atan": FI, "maximum": FIB, "minimum": FI,
     "topk": FI, "sort": FI, "argsort": FI,
     "eq": FIB, "ne": FIB, "lt": FI, "le": FI, "gt": FI, "ge": FI, "logical_and": FIB, "logical_or": FIB,

@@ -255,3 +255,15 @@ def attention_inputs(s):
 def test_nn_ops(model, inputs, dynamic, expect):
     result = check(None, model.eval(), inputs, dynamic)
     assert expect <= set(ops_of(result))
+
+
+def test_integer_truncating_division_rounds_toward_zero_natively():
+    # the floor quotient, one up where the division is inexact and the signs differ
+    a, b = torch.meshgrid(torch.arange(-9, 10), torch.tensor([-4, -3, -1, 1, 2, 5]), indexing="ij")
+    a, b = a.reshape(-1).contiguous(), b.reshape(-1).contiguous()
+
+    def f(a, b):
+        return (torch.div(a, b, rounding_mode="trunc"), torch.div(a, -3, rounding_mode="trunc"),
+                torch.div(a.int(), b.int(), rounding_mode="trunc"))
+    for got, want in zip(cuvil.compile(f)(a, b), f(a, b)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
