@@ -15,6 +15,7 @@ import select
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 from ..errors import CuvilError
@@ -85,7 +86,12 @@ class Pool:
             self.workers = [w for w in self.workers if w.alive()]
             self.idle = [w for w in self.idle if w.alive()]
             while len(self.workers) < self.size:
-                w = Worker()
+                try:
+                    w = Worker()
+                except OSError as e:        # no interpreter to start (an embedded Python): compile here
+                    warnings.warn(f"cuvil: could not start a compile worker ({e}); compiling in this process")
+                    self.size = len(self.workers)
+                    break
                 self.workers.append(w)
                 self.idle.append(w)
 

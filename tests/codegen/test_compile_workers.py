@@ -137,3 +137,18 @@ def test_the_worker_protocol_round_trips_messages():
     assert llvm_compile.read_message(stream) == {"texts": ["x"], "opt": 3}
     assert llvm_compile.read_message(stream) == {"obj": b"\x7fELF"}
     assert llvm_compile.read_message(stream) is None
+
+
+def test_a_worker_that_cannot_start_leaves_the_compile_in_this_process(monkeypatch):
+    p = workers.Pool(1)
+    monkeypatch.setattr(workers, "_pool", p)
+    monkeypatch.setattr(workers.sys, "executable", "/nonexistent/python")
+    with pytest.warns(UserWarning, match="could not start a compile worker"):
+        p.start()
+    assert p.size == 0 and p.workers == []
+    model, inputs = block()
+    compiled = cuvil.compile(model, cache=False)
+    out = compiled(*inputs)
+    assert len(compiled_kernels(compiled).objects) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(*inputs), rtol=1e-4, atol=1e-5)
