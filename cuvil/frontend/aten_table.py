@@ -408,6 +408,44 @@ def sort_stable(L: Lowering, x, stable=None, dim=-1, descending=False):
     return sort(L, x, dim, descending)         # ties keep their order either way
 
 
+def kthvalue(L: Lowering, x, k, dim=-1, keepdim=False):
+    """The k-th smallest along `dim` (NaN counted above every number): topk's last pick."""
+    values, indices = topk(L, x, k, dim, largest=False)
+    d = L.axis(dim, values.type.rank) if values.type.rank else None
+    if d is None:
+        return values, indices
+    out = [slice_(L, v, d, k - 1, k) for v in (values, indices)]
+    return tuple(out) if keepdim else tuple(L.op("cuvil.reshape", v, shape=[s for i, s in enumerate(v.type.shape)
+                                                                            if i != d]) for v in out)
+
+
+def _flat(L: Lowering, x):
+    numel = 1
+    for s in x.type.shape:
+        numel = numel * s
+    return x if x.type.rank == 1 else L.op("cuvil.reshape", x, shape=[norm_dim(numel)])
+
+
+def median_dim(L: Lowering, x, dim=-1, keepdim=False):
+    """The lower median along `dim`; a row holding NaN gives NaN at its first NaN, as torch does."""
+    d = L.axis(dim, x.type.rank) if x.type.rank else 0
+    n = x.type.shape[d] if x.type.rank else 1
+    if not isinstance(n, int):
+        L.unsupported(f"a row of symbolic length ({n}): Cuvil's median selects elements in turn")
+    values, indices = kthvalue(L, x, (n - 1) // 2 + 1, dim, keepdim)
+    if not x.type.dtype.is_float:
+        return values, indices
+    nan = binary("cuvil.ne")(L, x, x)
+    dims = [d] if x.type.rank else []
+    any_nan = L.op("cuvil.amax", nan, dims=dims, keepdim=keepdim)
+    shape = [1] * x.type.rank
+    if x.type.rank:
+        shape[d] = n
+    iota = L.op("cuvil.reshape", L.op("cuvil.arange", start=0, end=[n], step=1, dtype=DType.i64), shape=shape)
+    first_nan = L.op("cuvil.amin", where(L, nan, iota, n), dims=dims, keepdim=keepdim)
+    return where(L, any_nan, math.nan, values), where(L, any_nan, first_nan, indices)
+
+
 def truth(L: Lowering, x):
     """x != 0 as a bool tensor (x itself when it is one)."""
     return x if x.type.dtype is DType.bool else binary("cuvil.ne")(L, x, 0)
@@ -950,6 +988,9 @@ ATEN_TABLE = {
     aten.var.correction: var,
     aten.max.dim: max_dim,
     aten.topk.default: topk,
+    aten.kthvalue.default: kthvalue,
+    aten.median.dim: median_dim,
+    aten.median.default: lambda L, x: median_dim(L, _flat(L, x))[0],
     aten.sort.default: sort,
     aten.sort.stable: sort_stable,
     aten.argsort.default: lambda L, x, dim=-1, descending=False: sort(L, x, dim, descending)[1],

@@ -78,3 +78,19 @@ def test_what_topk_and_sort_refuse_says_why():
         cuvil.compile(lambda x: torch.sort(x))(torch.randn(2, 100))
     with pytest.raises(CuvilError, match=r"row of symbolic length"):
         cuvil.compile(lambda x: torch.sort(x), dynamic={"x": {1: "n"}})(torch.randn(2, 10))
+
+
+def test_median_and_kthvalue_pick_torchs_values_and_propagate_nan():
+    x = torch.tensor([[1.0, NAN, 2.0, 0.0], [3.0, 1.0, 2.0, 1.0], [5.0, -INF, 3.0, 2.0]])
+    values, indices = cuvil.compile(lambda x: torch.median(x, 1))(x)
+    ref = torch.median(x, 1)
+    torch.testing.assert_close(values, ref.values, equal_nan=True, rtol=0, atol=0)
+    assert indices[0] == 1                          # a row with NaN: NaN, at its first NaN
+    torch.testing.assert_close(torch.gather(x, 1, indices[:, None])[:, 0], values, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(cuvil.compile(lambda x: torch.median(x))(x[1:]), torch.median(x[1:]))
+    assert torch.isnan(cuvil.compile(lambda x: torch.median(x))(x))
+    for k in (1, 3, 4):
+        values, indices = cuvil.compile(lambda x: torch.kthvalue(x, k, 1, keepdim=True))(x)
+        ref = torch.kthvalue(x, k, 1, keepdim=True)
+        torch.testing.assert_close(values, ref.values, equal_nan=True, rtol=0, atol=0)
+        torch.testing.assert_close(torch.gather(x, 1, indices), values, equal_nan=True, rtol=0, atol=0)

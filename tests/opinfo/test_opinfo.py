@@ -95,6 +95,9 @@ OPINFOS: dict[str, list[str]] = {
     "aten.pow.Tensor_Scalar": ["pow", "square"],
     "aten.pow.Tensor_Tensor": ["pow"],
     "aten.topk.default": ["topk"],
+    "aten.kthvalue.default": ["kthvalue"],
+    "aten.median.dim": ["median"],
+    "aten.median.default": ["median"],
     "aten.sort.default": ["sort"],
     "aten.sort.stable": ["sort"],
     "aten.argsort.default": ["argsort"],
@@ -240,7 +243,7 @@ TESTED_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "add": FIIB, "sub": FI, "mul": FIIB, "div[no_rounding_mode]": FI, "div[floor_rounding]": FI,
     "div[trunc_rounding]": FI,
     "floor_divide": FI, "remainder": FI, "pow": F, "atan2": FI, "atan": FI, "maximum": FIB, "minimum": FI,
-    "topk": FI, "sort": FI, "argsort": FI,
+    "topk": FI, "sort": FI, "argsort": FI, "kthvalue": FI, "median": FI,
     "eq": FIB, "ne": FIB, "lt": FI, "le": FI, "gt": FI, "ge": FI, "logical_and": FIB, "logical_or": FIB,
     "bitwise_and": (i64, b8), "bitwise_or": (i64, b8), "where": FIB, "masked_fill": FIB,
     "sum": FIB, "amax": FIB, "amin": FI, "prod": FI, "max[reduction_with_dim]": FIB, "argmax": FI, "argmin": FI,
@@ -259,6 +262,8 @@ OUTPUTS: dict[str, tuple[int, ...]] = {
     # the values: torch leaves the order of equal values' indices unspecified (its int64 samples tie
     # often); tests/codegen/test_topk.py checks that Cuvil's indices hold the values, each once
     "topk": (0,),
+    "kthvalue": (0,),
+    "median": (0,),
 }
 
 
