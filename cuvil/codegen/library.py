@@ -29,7 +29,7 @@ from ..ir.core import Operation
 from ..ir.ops.common import pair
 from ..ir.ops.nn import spatial_axes
 from ..ir.types import DType, norm_dim
-from .index_math import bounds, broadcast_index, floor_div, modulo
+from .index_math import bounds, broadcast_index, floor_div, index_max, index_min, modulo
 from .kernel_ir import Buffer, BufRef, Const, Gemm, Index, Load, Store, compute_dtype
 from .scalar_ops import call, cast, const
 
@@ -136,9 +136,9 @@ def avg_pool2d(lw, op, idx):
     counts = []
     for o, k, s, p, size in zip((idx[a] for a in axes), kernel, stride, padding, (x.type.shape[a] for a in axes)):
         start = sympy.sympify(o) * s - p
-        end = sympy.Min(start + k, size + p)
+        end = index_min(start + k, size + p)
         if not op.attrs["count_include_pad"]:
-            start, end = sympy.Max(start, 0), sympy.Min(end, size)
+            start, end = index_max(start, 0), index_min(end, size)
         counts.append(end - start)
     return call("div", total, cast(Index(counts[0] * counts[1]), dtype))
 
@@ -351,8 +351,8 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
 
     def tile(p):
         t, c = _decompose(lw, p, [row_tiles, col_tiles])
-        count = sympy.Min(ROW_TILE, rows - ROW_TILE * t) if row_tiles != 1 else rows
-        cols = sympy.Min(width, n - width * c) if col_tiles != 1 else n
+        count = index_min(ROW_TILE, rows - ROW_TILE * t) if row_tiles != 1 else rows
+        cols = index_min(width, n - width * c) if col_tiles != 1 else n
         first, first_col = ROW_TILE * t, width * c
         b_offset = first_col * k if b_panels else first_col * ldb if trans_b else first_col
         lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k), BufRef(B, b_offset), count, cols, k,
@@ -552,9 +552,9 @@ def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp):
     input is read through a permute)."""
     H, W = x.type.shape[1:3]
     lw.loop("t", norm_dim(rows * Wp * C), lambda t: lw.emit(Store(padded, [q, t], const(0.0, DType.f32))))
-    above = _min(rows, _max(0, -top_row))
-    below = _max(above, _min(rows, H - top_row))                     # the first row under the image
-    inside = _min(W, Wp - pw)                                        # columns copied per row
+    above = index_min(rows, index_max(0, -top_row))
+    below = index_max(above, index_min(rows, H - top_row))           # the first row under the image
+    inside = index_min(W, Wp - pw)                                   # columns copied per row
     spans = {"r": (above, below), "j": (pw, pw + inside), "c": (0, C)}
 
     def nest(level, at):
@@ -564,19 +564,9 @@ def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp):
             return
         name = ("rjc" if C >= NHWC_MIN_CHANNEL_RUN else "rcj")[level]
         lo, hi = spans[name]
-        lw.loop(name, norm_dim(_max(0, sympy.sympify(hi) - lo)), lambda v: nest(level + 1, {**at, name: v}),
+        lw.loop(name, norm_dim(index_max(0, sympy.sympify(hi) - lo)), lambda v: nest(level + 1, {**at, name: v}),
                 start=lo)
     nest(0, {})
-
-
-def _min(*args):
-    """sympy.Min, left unevaluated when an argument is symbolic: evaluating it asks sympy's
-    assumptions system about every pair of arguments, ~0.1 s per convolution tile nest."""
-    return sympy.Min(*args, evaluate=all(sympy.sympify(a).is_number for a in args))
-
-
-def _max(*args):
-    return sympy.Max(*args, evaluate=all(sympy.sympify(a).is_number for a in args))
 
 
 def _loops(lw, names, extents, body):
@@ -606,7 +596,7 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None, epilogue: bo
     def tile(q):
         n, g, t = _decompose(lw, q, [N, groups, tiles])
         first = tile_rows * t
-        count = _min(tile_rows, OH - first) if tiles != 1 else OH
+        count = index_min(tile_rows, OH - first) if tiles != 1 else OH
         body(q, n, g, first, count)
         if not epilogue:
             return
@@ -638,7 +628,7 @@ def sdpa(lw, op):
     def tile(p):
         b, t = _decompose(lw, p, [n_batch, tiles])
         first = ATTENTION_ROWS * t
-        rows = sympy.Min(ATTENTION_ROWS, L - first) if tiles != 1 else L
+        rows = index_min(ATTENTION_ROWS, L - first) if tiles != 1 else L
         lw.emit(Gemm(BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E), BufRef(K, b * S * E),
                      rows, S, E, E, E, S, trans_b=True, alpha=scale))
         batch_idx = _decompose(lw, b, batch)

@@ -36,7 +36,7 @@ from ..ir.core import Function, Operation, Value
 from ..ir.ops.common import is_one
 from ..ir.types import DType, dim_str, dims_equal, norm_dim
 from . import scalar_ops
-from .index_math import Bounds, broadcast_index, floor_div, modulo
+from .index_math import Bounds, broadcast_index, floor_div, index_max, index_min, modulo
 from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .scalar_ops import call, cast, const
@@ -330,9 +330,9 @@ def _pad(op, idx, v):
         if mode == "constant" or not (lo or hi):
             out.append(j)
         elif mode == "replicate":
-            out.append(sympy.Min(sympy.Max(j, 0), size - 1))
+            out.append(index_min(index_max(j, 0), size - 1))
         elif mode == "reflect":        # the amounts are below the size: one mirror at either end
-            out.append(sympy.Min(sympy.Max(j, -j), 2 * (size - 1) - j))
+            out.append(index_min(index_max(j, -j), 2 * (size - 1) - j))
         else:                           # circular: crop by the negative amounts, wrap what is left
             cut = max(-lo, 0)
             out.append(sympy.Mod(sympy.sympify(i) - max(lo, 0), size - cut - max(-hi, 0)) + cut)
