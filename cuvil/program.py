@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from .codegen.aliasing import inplace_candidates
-from .codegen.kernel_ir import Gemm, Kernel, Loop, Reduce
+from .codegen.kernel_ir import Gemm, Kernel, Loop, Reduce, TopK
 from .codegen.lower import LoweredKernel
 from .errors import CuvilError
 from .ir.core import Function, Operation, Value
@@ -74,6 +74,8 @@ def _work(stmts, at_zero) -> Any:
             total += n * (_work(s.body, at_zero) + NS_PER_STATEMENT)
         elif isinstance(s, Gemm):
             total += sympy.floor(2 * at_zero(s.m) * at_zero(s.n) * at_zero(s.k) / GEMM_FLOPS_PER_NS)
+        elif isinstance(s, TopK):       # one look at each element of the row
+            total += at_zero(s.n) * NS_PER_STATEMENT
         else:
             total += NS_PER_STATEMENT
     return total
@@ -168,7 +170,7 @@ class ProgramDraft:
             for s in stmts:
                 if isinstance(s, Gemm):
                     return "gemm"
-                if isinstance(s, Reduce):
+                if isinstance(s, (Reduce, TopK)):
                     return "reduction"
                 if isinstance(s, Loop) and (k := kind(s.body)):
                     return k

@@ -23,6 +23,7 @@ this CPU has every feature the code was compiled with. A model compiled for a cr
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 
@@ -81,7 +82,7 @@ def _variant_state(v, constants: list[torch.Tensor], objects: list[torch.Tensor]
     target = kernels.target
     return {
         "guard": v.guard.state(),
-        "out_spec": pytree.treespec_dumps(v.imported.output_structure),
+        **_dump_out_spec(v.imported.output_structure),
         "outputs": [[shape, str(dtype).removeprefix("torch.")] for shape, dtype in v.outputs],
         "symbolic": bool(program.symbols),
         "program": description,
@@ -193,13 +194,48 @@ def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:
     except _native.ProgramError as e:
         raise CuvilError(f"{path}: the saved program is invalid: {e}") from None
     try:
-        out_spec = pytree.treespec_loads(state["out_spec"])
+        out_spec = _load_out_spec(state)
     except Exception as e:
         raise CuvilError(f"{path}: cannot rebuild the model's output structure ({e}); import the module that "
                          f"defines the output type before loading") from None
     outputs = [(shape, getattr(torch, dtype)) for shape, dtype in state["outputs"]]
     return _SavedVariant(Guard.from_state(state["guard"]), NativeCall(engine, outputs, out_spec, state["symbolic"]),
                          state["step_names"], tracker)
+
+
+def _dump_out_spec(spec: pytree.TreeSpec) -> dict:
+    """The output structure as pytree's JSON, with the torch.return_types nodes (topk, sort, max
+    along a dim: pytree cannot write them) as tuples, and their names by pre-order position."""
+    names = {}
+
+    def plain(node: pytree.TreeSpec, at: int, children: list) -> pytree.TreeSpec:
+        if pytree.is_structseq_class(node.type):
+            names[str(at)] = node.type.__name__
+            return pytree.TreeSpec(tuple, None, children)
+        return pytree.TreeSpec(node.type, node.context, children)
+    return {"out_spec": pytree.treespec_dumps(_rebuild(spec, plain)), "structseqs": names}
+
+
+def _load_out_spec(state: dict) -> pytree.TreeSpec:
+    names = state.get("structseqs", {})
+
+    def restore(node: pytree.TreeSpec, at: int, children: list) -> pytree.TreeSpec:
+        typ = getattr(torch.return_types, names[str(at)]) if str(at) in names else node.type
+        return pytree.TreeSpec(typ, None if str(at) in names else node.context, children)
+    return _rebuild(pytree.treespec_loads(state["out_spec"]), restore)
+
+
+def _rebuild(spec: pytree.TreeSpec, node_for) -> pytree.TreeSpec:
+    """`spec` rebuilt bottom-up: `node_for(node, position, new children)` makes each inner node;
+    positions count every node, leaves too, in pre-order."""
+    count = itertools.count()
+
+    def walk(node: pytree.TreeSpec) -> pytree.TreeSpec:
+        at = next(count)
+        if node.is_leaf():
+            return node
+        return node_for(node, at, [walk(c) for c in node.children()])
+    return walk(spec)
 
 
 def _check_target(path: str, saved: Target) -> None:

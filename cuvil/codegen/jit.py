@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
 
+from .. import _native
 from ..errors import CuvilError
 from .cache import CacheEntry, ObjectCache, cache_key
 from .kernel_ir import Kernel, verify_kernel
@@ -223,14 +224,19 @@ def _lljit():
 
 
 def library_symbols(ir_texts: list[str]) -> list[str]:
-    """The outside symbols the kernels of (optimised) LLVM modules call: libc's, and BLAS's GEMM if used."""
-    return [*LIBC_SYMBOLS, *([GEMM_SYMBOL] if any(GEMM_SYMBOL in t for t in ir_texts) else [])]
+    """The outside symbols the kernels of (optimised) LLVM modules call: libc's, BLAS's GEMM and
+    the native runtime's routines, those that are used."""
+    used = [name for name in (GEMM_SYMBOL, *_native.routines()) if any(f"@{name}(" in t for t in ir_texts)]
+    return [*LIBC_SYMBOLS, *used]
 
 
 def _symbol_address(name: str) -> int:
     if name == GEMM_SYMBOL:
         from ..runtime import blas
         return blas.address(GEMM_SYMBOL)
+    routines = _native.routines()
+    if name in routines:
+        return routines[name]
     if name not in LIBC_SYMBOLS:
         raise CuvilError(f"the kernels import '{name}', which Cuvil does not provide")
     return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value

@@ -11,6 +11,7 @@ dims it reads, and a body of statements:
   `kind` (sum, max, min, prod) starting from `init`; `var` holds the result after the statement,
   so further loops in the same block can use it (softmax, layer norm).
 - `Gemm(...)`: one call of the extern single-precision GEMM (row-major).
+- `TopK(...)`: one call of the runtime's topk over one row (`native/src/select.h`).
 
 Index expressions (loop bounds, load/store indices, GEMM sizes) are sympy integer expressions over
 loop variables and symbols: affine in the common case, with `//`, `%`, `min`, `max` for views and
@@ -436,6 +437,37 @@ class Gemm(Stmt):
         return ("c", "a", "b") + (("bias",) if self.bias is not None else ())
 
 
+TOPK_DTYPES = (DType.f32, DType.i64, DType.i32, DType.i8)    # the runtime's cuvil_topk_<dtype>
+TOPK_INTS = ("n", "stride", "k", "dst_stride")
+
+
+@dataclass
+class TopK(Stmt):
+    """dst[j * dst_stride] for j < k = the index of the j-th element of the row src[i * stride],
+    i < n, in torch.topk's order: the largest first (the smallest with `largest` false), NaN above
+    every number, equal values by index. One call of the runtime's `cuvil_topk_<dtype>`."""
+    dst: BufRef
+    src: BufRef
+    n: Dim
+    stride: Dim
+    k: Dim
+    dst_stride: Dim
+    largest: bool = True
+
+    def __post_init__(self):
+        for name in TOPK_INTS:
+            setattr(self, name, as_index(getattr(self, name)))
+        if self.dst.buf.dtype != DType.i64:
+            raise ValueError(f"topk writes i64 indices, not {self.dst.buf.dtype} (%{self.dst.buf.name})")
+        if self.src.buf.dtype not in TOPK_DTYPES:
+            raise ValueError(f"topk reads {', '.join(d.value for d in TOPK_DTYPES)}, not {self.src.buf.dtype} "
+                             f"(%{self.src.buf.name})")
+
+    @property
+    def symbol(self) -> str:
+        return f"cuvil_topk_{self.src.buf.dtype.value}"
+
+
 # ----------------------------------------------------------------------------- kernels
 
 @dataclass
@@ -568,6 +600,15 @@ class _KernelVerifier:
                     raise self.fail(f"gemm bias %{s.bias.buf.name} must be a contiguous buffer")
                 for f in s.index_fields:
                     self.index(getattr(s, f), loops, f"gemm {f}")
+            elif isinstance(s, TopK):
+                for name in ("dst", "src"):
+                    ref = getattr(s, name)
+                    self.buffer(ref.buf, f"topk operand {name}")
+                    self.index(ref.offset, loops, f"the offset of topk operand {name}")
+                if s.dst.buf.role == "in":
+                    raise self.fail(f"topk writes into input buffer %{s.dst.buf.name}")
+                for f in TOPK_INTS:
+                    self.index(getattr(s, f), loops, f"topk {f}")
             else:
                 raise self.fail(f"unknown statement {s!r}")
 
@@ -650,6 +691,10 @@ def index_names(stmts) -> set[str]:
                     out.update(free_symbols(getattr(s, f)))
                 for name in s.operand_names:
                     out.update(free_symbols(getattr(s, name).offset))
+            elif isinstance(s, TopK):
+                for f in TOPK_INTS:
+                    out.update(free_symbols(getattr(s, f)))
+                out.update(free_symbols(s.dst.offset) | free_symbols(s.src.offset))
     block(stmts)
     return out
 

@@ -29,9 +29,9 @@ import sympy
 
 from ..errors import CuvilParseError
 from ..ir.types import DType, sym
-from .kernel_ir import (FUNCS, GEMM_INTS, GEMM_TAPS, GEMM_WINDOW, REDUCE_KINDS, ROLES, BufRef, Buffer, Call, Cast,
-                        Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var, loop_var,
-                        operands)
+from .kernel_ir import (FUNCS, GEMM_INTS, GEMM_TAPS, GEMM_WINDOW, REDUCE_KINDS, ROLES, TOPK_INTS, BufRef, Buffer,
+                        Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, TopK, Var,
+                        loop_var, operands)
 
 INDENT = "  "
 
@@ -201,19 +201,26 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
             lines.append(f"{pad}{INDENT}yield {expr_str(s.value, names)}")
             lines.append(pad + "}")
         elif isinstance(s, Gemm):
-            refs = [f"{r}=%{names(getattr(s, r).buf.name, 'b')}[{index_str(getattr(s, r).offset)}]"
-                    for r in ("c", "a", "b")]
+            refs = [_ref_str(r, getattr(s, r), names) for r in ("c", "a", "b")]
             ints = [f"{f}={index_str(getattr(s, f))}" for f in GEMM_INTS]
             rest = [f"trans_a={str(s.trans_a).lower()}", f"trans_b={str(s.trans_b).lower()}",
                     f"alpha={format_float(s.alpha)}", f"beta={format_float(s.beta)}"] + \
                 ([f"b_panels={s.b_panels}"] if s.b_panels else []) + \
                 ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_WINDOW] if s.a_rows is not None else []) + \
                 ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_TAPS] if s.dilated else []) + \
-                ([f"bias=%{names(s.bias.buf.name, 'b')}[{index_str(s.bias.offset)}]"] if s.bias is not None else []) + \
+                ([_ref_str("bias", s.bias, names)] if s.bias is not None else []) + \
                 (["relu=true"] if s.relu else [])
             lines.append(f"{pad}gemm {', '.join(refs + ints + rest)}")
+        elif isinstance(s, TopK):
+            refs = [_ref_str(r, getattr(s, r), names) for r in ("dst", "src")]
+            ints = [f"{f}={index_str(getattr(s, f))}" for f in TOPK_INTS]
+            lines.append(f"{pad}topk {', '.join(refs + ints + [f'largest={str(s.largest).lower()}'])}")
         else:
             raise TypeError(f"unknown statement {s!r}")
+
+
+def _ref_str(field: str, ref: BufRef, names: _Names) -> str:
+    return f"{field}=%{names(ref.buf.name, 'b')}[{index_str(ref.offset)}]"
 
 
 def _access(buf: Buffer, index, names: _Names) -> str:
@@ -474,6 +481,8 @@ class _Parser:
             return Loop(rng.var, rng.start, rng.extent, body, parallel)
         if self.at("gemm"):
             return self.gemm()
+        if self.at("topk"):
+            return self.topk()
         if tok.kind != "pname":
             raise self.error(f"expected a statement, got {tok.text!r}")
         if self.toks[self.i + 1].text == "[":
@@ -547,42 +556,60 @@ class _Parser:
 
     def gemm(self):
         tok = self.next()
-        fields, seen = {}, set()
+        fields = self.call_fields("gemm", {**dict.fromkeys(("a", "b", "c", "bias"), "ref"),
+                                           **dict.fromkeys(GEMM_INTS + GEMM_WINDOW + GEMM_TAPS, "index"),
+                                           "b_panels": "int", **dict.fromkeys(("trans_a", "trans_b", "relu"), "bool"),
+                                           "alpha": "float", "beta": "float"})
+        missing = [f for f in ("c", "a", "b") + GEMM_INTS if f not in fields]
+        if missing:
+            raise self.error(f"gemm is missing {', '.join(missing)}", tok)
+        return self.build(tok, lambda: Gemm(**fields))
+
+    def topk(self):
+        tok = self.next()
+        fields = self.call_fields("topk", {"dst": "ref", "src": "ref", **dict.fromkeys(TOPK_INTS, "index"),
+                                           "largest": "bool"})
+        missing = [f for f in ("dst", "src") + TOPK_INTS if f not in fields]
+        if missing:
+            raise self.error(f"topk is missing {', '.join(missing)}", tok)
+        return self.build(tok, lambda: TopK(**fields))
+
+    def call_fields(self, what: str, kinds: dict[str, str]) -> dict:
+        """`name=value, ...` to the end of the line, each value parsed as its kind says: a buffer
+        reference (`%b[offset]`), an index expression, a whole number, true/false or a float."""
+        fields = {}
         while True:
-            key = self.expect_kind("ident", "a gemm field")
-            if key.text in seen:
-                raise self.error(f"gemm field '{key.text}' given twice", key)
-            seen.add(key.text)
+            key = self.expect_kind("ident", f"a {what} field")
+            if key.text in fields:
+                raise self.error(f"{what} field '{key.text}' given twice", key)
+            if key.text not in kinds:
+                raise self.error(f"unknown {what} field '{key.text}'", key)
             self.expect("=")
-            if key.text in ("a", "b", "c", "bias"):
+            kind = kinds[key.text]
+            if kind == "ref":
                 buf = self.buffer_ref()
                 self.expect("[")
                 off = self.index_expr()
                 self.expect("]")
                 fields[key.text] = BufRef(buf, off)
-            elif key.text in GEMM_INTS + GEMM_WINDOW + GEMM_TAPS:
+            elif kind == "index":
                 fields[key.text] = self.index_expr()
-            elif key.text == "b_panels":
-                width = self.expect_kind("num", "a panel width")
+            elif kind == "int":
+                width = self.expect_kind("num", "a whole number")
                 if not width.text.isdigit():
-                    raise self.error(f"expected a panel width, got {width.text!r}", width)
+                    raise self.error(f"expected a whole number, got {width.text!r}", width)
                 fields[key.text] = int(width.text)
-            elif key.text in ("trans_a", "trans_b", "relu"):
+            elif kind == "bool":
                 v = self.expect_kind("ident", "true or false")
                 if v.text not in ("true", "false"):
                     raise self.error("expected true or false", v)
                 fields[key.text] = v.text == "true"
-            elif key.text in ("alpha", "beta"):
-                fields[key.text] = self.float_literal()
             else:
-                raise self.error(f"unknown gemm field '{key.text}'", key)
+                fields[key.text] = self.float_literal()
             if not self.accept(","):
                 break
         self.end_of_line()
-        missing = [f for f in ("c", "a", "b") + GEMM_INTS if f not in fields]
-        if missing:
-            raise self.error(f"gemm is missing {', '.join(missing)}", tok)
-        return self.build(tok, lambda: Gemm(**fields))
+        return fields
 
     def buffer_ref(self) -> Buffer:
         t = self.expect_kind("pname", "a buffer")

@@ -1,5 +1,5 @@
-"""Lowerings of the opaque graph ops: GEMM-based (matmul, linear, conv2d via im2col, attention)
-and window ops (pooling, direct convolution).
+"""Lowerings of the opaque graph ops: library calls (GEMM-based matmul, linear, conv2d via im2col,
+attention; the runtime's topk) and window ops (pooling, direct convolution).
 
 - Window ops are computed per output element (`WINDOW_OPS[name](lowering, op, idx) -> Expr`): a
   small `Reduce` over the window with masked loads for the padding. They sit in the ordinary loop
@@ -9,7 +9,8 @@ and window ops (pooling, direct convolution).
   `llvm_emit.SMALL_GEMM_MAX_ROWS`) inside a parallel loop over tiles (batch entries, blocks of
   rows and columns of the output, images and groups), and then run the group's epilogue (bias,
   activation) over the block each tile produced, while it is still in cache. Column tiles let a
-  batch-1 linear (a GEMV) split across threads.
+  batch-1 linear (a GEMV) split across threads. `argtopk` works the same way, with a kernel-IR
+  `TopK` (the runtime's topk, `native/src/select.h`) per row.
 
 Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
 unpadded ungrouped convolutions, an implicit GEMM on the panel microkernel for the NHWC ones whose
@@ -30,7 +31,7 @@ from ..ir.ops.common import pair
 from ..ir.ops.nn import spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import bounds, broadcast_index, floor_div, index_max, index_min, modulo
-from .kernel_ir import Buffer, BufRef, Const, Gemm, Index, Load, Store, compute_dtype
+from .kernel_ir import TOPK_DTYPES, Buffer, BufRef, Const, Gemm, Index, Load, Store, TopK, compute_dtype
 from .scalar_ops import call, cast, const
 
 ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
@@ -690,11 +691,35 @@ def cumsum(lw, op, idx):
                      lambda rv: lw.value(x, list(idx[:d]) + [rv[0]] + list(idx[d + 1:])), dtype, "cum")
 
 
+def argtopk(lw, op):
+    """Each row along `dim`, in parallel, goes to the runtime's topk (`TopK`), which writes the
+    indices of its first k elements; the group's epilogue then runs over them."""
+    x, r = op.operands[0], op.result
+    if x.type.dtype not in TOPK_DTYPES:
+        raise CuvilUnsupportedOpError(op.name, detail=f"the runtime's topk reads "
+                                      f"{', '.join(d.value for d in TOPK_DTYPES)}, got {x.type} (cast it first)")
+    X = lw.inputs[id(x)]
+    T = lw.outputs[id(r)][1] if id(r) in lw.outputs else lw.scratch(DType.i64, r.type.shape)
+    lw.materialized[id(r)] = lambda idx: Load(T, idx)
+    d = op.attrs["dim"]
+    n, k = x.type.shape[d], r.type.shape[d]
+    others = [s for a, s in enumerate(x.type.shape) if a != d]
+
+    def row(p):
+        idx = _decompose(lw, p, others)
+        first = idx[:d] + [0] + idx[d:]
+        lw.emit(TopK(BufRef(T, T.offset(first)[0]), BufRef(X, X.offset(first)[0]), n, X.element_strides()[d], k,
+                     T.element_strides()[d], largest=op.attrs["largest"]))
+        _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, k)] + [(i, 1) for i in idx[d:]])
+    lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
+
+
 WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
               "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.adaptive_max_pool2d": adaptive_max_pool2d,
               "cuvil.conv2d": conv2d_direct,
               "cuvil.cumsum": cumsum}
-LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa}
+LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa,
+           "cuvil.argtopk": argtopk}
 
 
 def gathered_operands(op: Operation) -> list:

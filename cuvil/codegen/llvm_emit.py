@@ -36,8 +36,8 @@ import sympy
 from llvmlite import ir
 
 from ..ir.types import DType
-from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, Var,
-                        GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
+from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, TopK,
+                        Var, GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
 from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
@@ -124,6 +124,16 @@ class ModuleBuilder:
         if fn is None:
             fnty = ir.FunctionType(ir.VoidType(), [I32] * 6 + [F32, PTR, I32, PTR, I32, F32, PTR, I32])
             fn = ir.Function(self.module, fnty, name=GEMM_SYMBOL)
+        return fn
+
+    def topk_function(self, symbol: str) -> ir.Function:
+        """The runtime's `void cuvil_topk_<dtype>(ptr x, i64 n, i64 stride, i64 k, i32 largest,
+        ptr out, i64 out_stride)` (native/src/select.h)."""
+        fn = self.module.globals.get(symbol)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, I64, I32, PTR, I64]),
+                             name=symbol)
+            fn.attributes.add("nounwind")
         return fn
 
     def small_gemm_function(self, trans_b: bool, beta: bool) -> ir.Function:
@@ -473,9 +483,9 @@ class KernelEmitter:
             window = [self.index(getattr(s, f)) for f in GEMM_WINDOW + GEMM_TAPS] if s.a_rows is not None else \
                 [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one, one,   # plain: one run
                  ir.Constant(I64, 0)]
-            bias = self._gemm_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
+            bias = self._ref_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
             b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu),
-                   [self._gemm_ptr(s.c), self._gemm_ptr(s.a), self._gemm_ptr(s.b), self.index(s.m),
+                   [self._ref_ptr(s.c), self._ref_ptr(s.a), self._ref_ptr(s.b), self.index(s.m),
                     self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window, bias])
             return
         if s.trans_a or (m.is_Integer and m > SMALL_GEMM_MAX_ROWS):
@@ -490,8 +500,15 @@ class KernelEmitter:
                 with otherwise:
                     self._sgemm(s)
 
-    def _gemm_ptr(self, ref) -> ir.Value:
-        return self.b.gep(self.bufs[ref.buf.name], [self.index(ref.offset)], inbounds=True, source_etype=F32)
+    def _ref_ptr(self, ref) -> ir.Value:
+        """The address of a call operand (a buffer plus an element offset)."""
+        return self.b.gep(self.bufs[ref.buf.name], [self.index(ref.offset)], inbounds=True,
+                          source_etype=MEMORY_TYPES[ref.buf.dtype])
+
+    def topk(self, s: TopK) -> None:
+        self.b.call(self.mb.topk_function(s.symbol), [
+            self._ref_ptr(s.src), self.index(s.n), self.index(s.stride), self.index(s.k),
+            ir.Constant(I32, int(s.largest)), self._ref_ptr(s.dst), self.index(s.dst_stride)])
 
     def _sgemm(self, s: Gemm) -> None:
         b = self.b
@@ -501,14 +518,14 @@ class KernelEmitter:
         trans = {False: ir.Constant(I32, CBLAS_NO_TRANS), True: ir.Constant(I32, CBLAS_TRANS)}
         b.call(self.mb.gemm_function(), [
             ir.Constant(I32, CBLAS_ROW_MAJOR), trans[s.trans_a], trans[s.trans_b], i32(s.m), i32(s.n), i32(s.k),
-            ir.Constant(F32, s.alpha), self._gemm_ptr(s.a), i32(s.lda), self._gemm_ptr(s.b), i32(s.ldb),
-            ir.Constant(F32, s.beta), self._gemm_ptr(s.c), i32(s.ldc)])
+            ir.Constant(F32, s.alpha), self._ref_ptr(s.a), i32(s.lda), self._ref_ptr(s.b), i32(s.ldb),
+            ir.Constant(F32, s.beta), self._ref_ptr(s.c), i32(s.ldc)])
 
     def _small_gemm(self, s: Gemm) -> None:
         self.b.call(self.mb.small_gemm_function(s.trans_b, s.beta != 0.0), [
-            self.index(s.m), self.index(s.n), self.index(s.k), ir.Constant(F32, s.alpha), self._gemm_ptr(s.a),
-            self.index(s.lda), self._gemm_ptr(s.b), self.index(s.ldb), ir.Constant(F32, s.beta),
-            self._gemm_ptr(s.c), self.index(s.ldc)])
+            self.index(s.m), self.index(s.n), self.index(s.k), ir.Constant(F32, s.alpha), self._ref_ptr(s.a),
+            self.index(s.lda), self._ref_ptr(s.b), self.index(s.ldb), ir.Constant(F32, s.beta),
+            self._ref_ptr(s.c), self.index(s.ldc)])
 
     # -- memory
     def address(self, buf: Buffer, index) -> ir.Value:
@@ -916,7 +933,7 @@ def _vector_loop(s: Loop) -> bool:
     whose accesses are strided: gathers and scatters (measured: 64 of each in the CNN stem conv)."""
     extent = sympy.sympify(s.extent)
     return (not s.parallel and extent.is_Integer and int(extent) >= VECTOR_FLOATS
-            and not any(isinstance(t, (Loop, Reduce, Gemm)) for t in s.body))
+            and not any(isinstance(t, (Loop, Reduce, Gemm, TopK)) for t in s.body))
 
 
 def _static_at_most(loops, n: int) -> bool:
@@ -981,6 +998,6 @@ def _f32_to_bf16(em: KernelEmitter, v: ir.Value) -> ir.Value:
 
 
 STATEMENTS = {Let: KernelEmitter.let, Store: KernelEmitter.store, Loop: KernelEmitter.loop,
-              Reduce: KernelEmitter.reduce, Gemm: KernelEmitter.gemm}
+              Reduce: KernelEmitter.reduce, Gemm: KernelEmitter.gemm, TopK: KernelEmitter.topk}
 EXPRESSIONS = {Const: KernelEmitter.const, Var: KernelEmitter.var, Load: KernelEmitter.load,
                Call: KernelEmitter.call, Cast: KernelEmitter.cast, Index: KernelEmitter.index_value}

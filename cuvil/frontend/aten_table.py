@@ -321,74 +321,25 @@ def min_dim(L: Lowering, x, dim, keepdim=False):
     return values, arg_reduction("cuvil.argmin")(L, ordered, dim, keepdim)
 
 
-# topk and sort select one element per pass over the row, so their graph grows with k
-TOPK_MAX_K = 64
+def _argtopk(L: Lowering, x, d: int, k, largest: bool):
+    """`cuvil.argtopk` over x (half floats widened, exactly, for the runtime's topk)."""
+    if x.type.dtype is DType.bool:
+        L.unsupported("a bool tensor (torch has no topk or sort for it either)")
+    keys = L.cast(x, DType.f32) if x.type.dtype in (DType.f16, DType.bf16) else x
+    return L.op("cuvil.argtopk", keys, k=k, dim=d, largest=largest)
 
 
 def topk(L: Lowering, x, k, dim=-1, largest=True, sorted=True):
     """The k largest (or smallest) elements along `dim` and their indices, in torch's order: NaN
-    above every number, equal values by their index. Pass j takes the first element in that order
-    after pass j-1's (value, index): the best value past it, then the lowest index holding that
-    value. Each pass reads the row and the previous pick only; the values are gathered at the
-    indices at the end. (`sorted=False` lets torch return any order; this returns the sorted one.)"""
+    above every number, equal values by their index. (`sorted=False` lets torch return any order;
+    this returns the sorted one.)"""
     rank = x.type.rank
     if rank == 0:
         x = _vector(L, x)
-    d = L.axis(dim, x.type.rank)
-    n = x.type.shape[d]
     if isinstance(k, sympy.Basic):
         L.unsupported(f"a symbolic k ({k})")
-    if not 1 <= k <= TOPK_MAX_K:
-        L.unsupported(f"k={k}: Cuvil selects 1 to {TOPK_MAX_K} elements (one pass over the row each)")
-    if x.type.dtype is DType.bool:
-        L.unsupported("a bool tensor (torch has no topk or sort for it either)")
-    floating = x.type.dtype.is_float
-    shape = [1] * x.type.rank
-    shape[d] = n
-    iota = L.op("cuvil.reshape", L.op("cuvil.arange", start=0, end=[n], step=1, dtype=DType.i64), shape=shape)
-    info = None if floating else torch.iinfo(x.type.dtype.torch)
-    worst = (-math.inf if largest else math.inf) if floating else (info.min if largest else info.max)
-    nan = binary("cuvil.ne")(L, x, x) if floating else None
-    none = 1 << 62          # the index of no element (the rows are far shorter)
-    eq, ne, lt, gt = (binary(f"cuvil.{c}") for c in ("eq", "ne", "lt", "gt"))
-
-    def land(*masks):
-        masks = [m for m in masks if m is not None]
-        out = masks[0]
-        for m in masks[1:]:
-            out = L.op("cuvil.logical_and", out, m)
-        return out
-
-    def lor(a, b):
-        return L.op("cuvil.logical_or", a, b)
-
-    def same(v):            # x is v (NaN is NaN)
-        return lor(eq(L, x, v), land(nan, ne(L, v, v))) if floating else eq(L, x, v)
-
-    def after(v):           # x's value comes after v in the order (NaN first when largest, last when not)
-        beyond = (lt if largest else gt)(L, x, v)
-        if not floating:
-            return beyond
-        v_nan = ne(L, v, v)
-        return lor(beyond, land(L.op("cuvil.logical_not", nan), v_nan)) if largest else \
-            lor(land(L.op("cuvil.logical_not", v_nan), beyond), land(nan, L.op("cuvil.logical_not", v_nan)))
-
-    picks, previous = [], None
-    for _ in range(k):
-        left = None if previous is None else lor(after(previous[0]), land(same(previous[0]), gt(L, iota, previous[1])))
-        pool = left if largest or not floating else land(left, L.op("cuvil.logical_not", nan))
-        # amax propagates NaN, so a NaN left in the row is the best when largest; when not, the
-        # numbers go first and a row of nothing but NaN left picks its first NaN below
-        best = L.op("cuvil.amax" if largest else "cuvil.amin", x if pool is None else where(L, pool, x, worst),
-                    dims=[d], keepdim=True)
-        pick = L.op("cuvil.amin", where(L, land(left, same(best)), iota, none), dims=[d], keepdim=True)
-        if floating and not largest:
-            nan_left = L.op("cuvil.amin", where(L, land(left, nan), iota, none), dims=[d], keepdim=True)
-            pick = where(L, eq(L, pick, none), nan_left, pick)
-            best = L.op("cuvil.gather", x, pick, dim=d)
-        picks.append(pick)
-        previous = (best, pick)
-    indices = picks[0] if k == 1 else L.op("cuvil.cat", *picks, dim=d)
+    d = L.axis(dim, x.type.rank)
+    indices = _argtopk(L, x, d, k, largest)
     values = L.op("cuvil.gather", x, indices, dim=d)
     if rank == 0:
         values, indices = (L.op("cuvil.reshape", v, shape=[]) for v in (values, indices))
@@ -396,12 +347,11 @@ def topk(L: Lowering, x, k, dim=-1, largest=True, sorted=True):
 
 
 def sort(L: Lowering, x, dim=-1, descending=False):
-    n = x.type.shape[L.axis(dim, x.type.rank)] if x.type.rank else 1
-    if not isinstance(n, int):
-        L.unsupported(f"a row of symbolic length ({n}): Cuvil sorts by selecting each element in turn")
-    if n > TOPK_MAX_K:
-        L.unsupported(f"rows of {n} elements: Cuvil sorts rows of at most {TOPK_MAX_K} (one pass per element)")
-    return topk(L, x, n, dim, largest=descending)
+    if x.type.rank == 0:
+        return topk(L, x, 1, dim, descending)
+    d = L.axis(dim, x.type.rank)
+    indices = _argtopk(L, x, d, None, descending)
+    return L.op("cuvil.gather", x, indices, dim=d), indices
 
 
 def sort_stable(L: Lowering, x, stable=None, dim=-1, descending=False):
@@ -431,7 +381,7 @@ def median_dim(L: Lowering, x, dim=-1, keepdim=False):
     d = L.axis(dim, x.type.rank) if x.type.rank else 0
     n = x.type.shape[d] if x.type.rank else 1
     if not isinstance(n, int):
-        L.unsupported(f"a row of symbolic length ({n}): Cuvil's median selects elements in turn")
+        L.unsupported(f"a row of symbolic length ({n}): Cuvil needs the median's position when compiling")
     values, indices = kthvalue(L, x, (n - 1) // 2 + 1, dim, keepdim)
     if not x.type.dtype.is_float:
         return values, indices

@@ -4,11 +4,13 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "cuvil/engine_capi.h"
 #include "engine.h"
 #include "pool.h"
+#include "select.h"
 #include "tensor_call.h"
 
 namespace py = pybind11;
@@ -398,6 +400,16 @@ PYBIND11_MODULE(_native, m) {
         },
         py::arg("n"));
     m.def("default_num_threads", &Pool::default_threads, "The CPUs this process may run on.");
+    m.def(
+        "routines",
+        [] {
+            auto at = [](auto* fn) { return reinterpret_cast<uintptr_t>(fn); };
+            return std::map<std::string, uintptr_t>{{"cuvil_topk_f32", at(&cuvil_topk_f32)},
+                                                    {"cuvil_topk_i64", at(&cuvil_topk_i64)},
+                                                    {"cuvil_topk_i32", at(&cuvil_topk_i32)},
+                                                    {"cuvil_topk_i8", at(&cuvil_topk_i8)}};
+        },
+        "The addresses of the runtime routines generated kernels may call (select.h), by symbol.");
     m.def("spin_us", [] { return static_cast<int64_t>(Pool::get().spin().count()); },
           "Microseconds a thread out of work polls before it sleeps ($CUVIL_SPIN_US when the pool started).");
 

@@ -1,8 +1,11 @@
-"""topk, sort and argsort (`aten_table.topk`): one selection pass over the row per element taken."""
+"""topk, sort, argsort, kthvalue and median: `cuvil.argtopk`, one call of the runtime's topk
+(native/src/select.cpp) per row, then a gather of the values."""
 import pytest
 import torch
 
 import cuvil
+from codegen_helpers import Graph, T, compile_graphs, run
+from cuvil.codegen.kernel_text import parse_kernels, print_kernels
 from cuvil.errors import CuvilError
 
 NAN, INF = float("nan"), float("inf")
@@ -71,13 +74,65 @@ def test_dynamic_batch_and_row_length():
     assert len(compiled._variants) == 1
 
 
+def stable_order(x, dim, descending):
+    """torch's order with equal values by index: what Cuvil returns (torch.topk leaves ties open)."""
+    return torch.sort(x, dim=dim, descending=descending, stable=True)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_long_rows_and_large_k_in_one_call_per_row(largest):
+    # a vocabulary-sized row (sampling), and k past the heap's share of the row (a partial sort)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 32000, generator=g)
+    x[1, ::7] = x[1, 3]                                  # many ties
+    x[2, 100:200] = NAN
+    for k in (1, 50, 5000):
+        compiled = cuvil.compile(lambda x: torch.topk(x, k, largest=largest))
+        values, indices = compiled(x)
+        ref = stable_order(x, 1, largest)
+        torch.testing.assert_close(values, ref.values[:, :k], equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(indices, ref.indices[:, :k])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.float16, torch.bfloat16])
+def test_other_dtypes_sort_like_torch(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(4, 300, generator=g) * 50).to(dtype)
+    for descending in (False, True):
+        values, indices = cuvil.compile(lambda x: torch.sort(x, dim=1, descending=descending, stable=True))(x)
+        ref = stable_order(x, 1, descending)
+        assert torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+
+
+def test_sort_of_a_row_of_dynamic_length():
+    compiled = cuvil.compile(lambda x: torch.sort(x, dim=1), dynamic={"x": {1: "n"}})
+    g = torch.Generator().manual_seed(2)
+    for n in (1, 10, 1000):
+        x = torch.randint(-5, 5, (3, n), generator=g).float()
+        values, indices = compiled(x)
+        ref = stable_order(x, 1, False)
+        assert torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+
+
+def test_the_topk_statement_along_a_strided_dim_prints_parses_and_runs():
+    graph = Graph("argtopk0", lambda b, x: b.create("cuvil.argtopk", [x], {"k": 5, "dim": 0, "largest": False}).result,
+                  [T(40, 7)])
+    (kernel,) = graph.kernels
+    text = print_kernels([kernel])
+    (call,) = [line.strip() for line in text.splitlines() if line.strip().startswith("topk")]
+    # one call per column: the row runs down a column, 7 elements apart, and so do its 5 indices
+    assert call == "topk dst=%y0[p], src=%a0[p], n=40, stride=7, k=5, dst_stride=7, largest=false"
+    assert print_kernels(parse_kernels(text)) == text
+    x = torch.randint(-4, 4, (40, 7)).float()
+    out = run(graph, compile_graphs([graph]), x)
+    assert torch.equal(out, torch.sort(x, dim=0, stable=True).indices[:5])
+
+
 def test_what_topk_and_sort_refuse_says_why():
-    with pytest.raises(CuvilError, match=r"k=65: Cuvil selects 1 to 64 elements"):
-        cuvil.compile(lambda x: torch.topk(x, 65))(torch.randn(2, 100))
-    with pytest.raises(CuvilError, match=r"rows of 100 elements: Cuvil sorts rows of at most 64"):
-        cuvil.compile(lambda x: torch.sort(x))(torch.randn(2, 100))
-    with pytest.raises(CuvilError, match=r"row of symbolic length"):
-        cuvil.compile(lambda x: torch.sort(x), dynamic={"x": {1: "n"}})(torch.randn(2, 10))
+    with pytest.raises(CuvilError, match=r"a bool tensor"):
+        cuvil.compile(lambda x: torch.topk(x, 2))(torch.rand(2, 10) > 0.5)
+    with pytest.raises(CuvilError, match=r"row of symbolic length .* median's position"):
+        cuvil.compile(lambda x: torch.median(x, 1), dynamic={"x": {1: "n"}})(torch.randn(2, 10))
 
 
 def test_median_and_kthvalue_pick_torchs_values_and_propagate_nan():
@@ -94,3 +149,16 @@ def test_median_and_kthvalue_pick_torchs_values_and_propagate_nan():
         ref = torch.kthvalue(x, k, 1, keepdim=True)
         torch.testing.assert_close(values, ref.values, equal_nan=True, rtol=0, atol=0)
         torch.testing.assert_close(torch.gather(x, 1, indices), values, equal_nan=True, rtol=0, atol=0)
+
+
+def test_a_saved_model_keeps_the_runtime_call_and_torchs_result_type(tmp_path):
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(9))
+    compiled = cuvil.compile(lambda x: (torch.topk(x, 7), torch.max(x, 1)))
+    path = tmp_path / "topk.cuvil"
+    compiled(x)
+    compiled.save(path)
+    (top, biggest) = cuvil.load(path)(x)
+    assert type(top) is torch.return_types.topk and type(biggest) is torch.return_types.max
+    ref = torch.topk(x, 7)
+    assert torch.equal(top.values, ref.values) and torch.equal(top.indices, ref.indices)
+    assert torch.equal(biggest.indices, torch.max(x, 1).indices)

@@ -33,8 +33,6 @@ class Refusal:
 
 F64 = "a float64 result: Cuvil has no f64 dtype (f32, f16, bf16, i64, i32, i8, i1)"
 U8 = "a uint8 tensor: Cuvil has no unsigned 8-bit dtype"
-SORT_ROWS = ("a row longer than 64: Cuvil's sort selects one element per pass over the row, so it sorts short "
-             "rows only (aten_table.TOPK_MAX_K)")
 POOL_INDICES = ("return_indices=True: Cuvil's pooling computes no argmax indices (its max_pool2d_with_indices row "
                 "keeps output 0 only)")
 
@@ -57,8 +55,6 @@ REFUSALS: list[Refusal] = [
     Refusal("nn.functional.max_pool1d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
     Refusal("nn.functional.max_pool2d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
     Refusal("nn.functional.adaptive_max_pool2d", r"indices output of adaptive_max_pool2d", POOL_INDICES),
-    Refusal("argsort", r"rows of \d+ elements: Cuvil sorts rows of at most 64", SORT_ROWS),
-    Refusal("sort", r"rows of \d+ elements: Cuvil sorts rows of at most 64", SORT_ROWS),
     Refusal("nn.functional.scaled_dot_product_attention", r"dropout_p=", "dropout_p > 0 is random (training); "
             "inference attention needs dropout_p=0"),
 ]

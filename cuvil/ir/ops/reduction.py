@@ -1,4 +1,4 @@
-"""Reductions over axes (sum, mean, amax, amin, prod, var, argmax, argmin) and softmax."""
+"""Reductions over axes (sum, mean, amax, amin, prod, var, argmax, argmin), argtopk and softmax."""
 from __future__ import annotations
 
 from typing import Callable
@@ -124,6 +124,34 @@ class ArgminOp(ArgReduceOp):
     """Index of the smallest element along `dim` (of the flattened tensor when `dim` is none)."""
     name = "cuvil.argmin"
     fn = staticmethod(torch.argmin)
+
+
+@register_op
+class ArgtopkOp(OpDef):
+    """Indices of the `k` largest elements along `dim` (the smallest with `largest` false; the
+    whole row, sorted, when `k` is none), in torch.topk's order: NaN above every number, equal
+    values by index. topk, sort, argsort, kthvalue and median gather their values at these."""
+    name = "cuvil.argtopk"
+    operands = ("x",)
+    attrs = {"k": optional("int?"), "dim": required("int"), "largest": optional("bool", True)}
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        require_not_bool(x, "x")
+        d, k = check_axis(attrs["dim"], x.rank), attrs["k"]
+        n = x.shape[d]
+        if k is None:
+            return [TensorType(DType.i64, x.shape)]
+        if k < 0 or (isinstance(n, int) and k > n):
+            raise ValueError(f"k = {k} is out of range for {n} elements along dim {d}")
+        return [TensorType(DType.i64, tuple(k if a == d else s for a, s in enumerate(x.shape)))]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        # a stable sort keeps equal values in index order; torch's sort puts NaN above numbers
+        order = torch.sort(x, dim=attrs["dim"], descending=attrs["largest"], stable=True).indices
+        return order if attrs["k"] is None else order.narrow(attrs["dim"], 0, attrs["k"])
 
 
 class SoftmaxBase(OpDef):

@@ -1,0 +1,149 @@
+// topk for generated kernels: the indices of the k first elements of one row in torch's order.
+#include "select.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace cuvil {
+namespace {
+
+// The values as unsigned integers in their order: NaN above every number (all NaNs alike), -0
+// equal to +0, as torch compares them. 32 bits for f32 and the narrower integers, 64 for i64.
+template <class T>
+auto ordered(T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+        static_assert(sizeof(T) == 4, "only f32 among the floats: f16 and bf16 are widened first");
+        if (v != v) return ~uint32_t{0};
+        if (v == 0) v = 0;
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    } else if constexpr (sizeof(T) <= 4) {
+        return static_cast<uint32_t>(static_cast<int32_t>(v)) ^ 0x80000000u;
+    } else {
+        return static_cast<uint64_t>(v) ^ (uint64_t{1} << 63);
+    }
+}
+
+// One element as it is ranked. The greater key comes first, then the lower index; a 32-bit key
+// packs with the complement of a 32-bit index into one integer, so that a comparison is one
+// compare (the sorts of a whole row are twice as fast).
+struct Packed {
+    uint64_t bits;
+    Packed(uint32_t key, int64_t i) : bits(uint64_t{key} << 32 | (0xFFFFFFFFu - static_cast<uint32_t>(i))) {}
+    int64_t index() const { return 0xFFFFFFFFu - static_cast<uint32_t>(bits); }
+    bool before(const Packed& o) const { return bits > o.bits; }
+};
+
+struct Wide {
+    uint64_t key;
+    int64_t i;
+    Wide(uint64_t key, int64_t i) : key(key), i(i) {}
+    int64_t index() const { return i; }
+    bool before(const Wide& o) const { return key > o.key || (key == o.key && i < o.i); }
+};
+
+// the order of the result, for the standard algorithms (an object, so that they inline it)
+struct Before {
+    template <class E>
+    bool operator()(const E& a, const E& b) const { return a.before(b); }
+};
+constexpr Before before;
+
+// Whether v may come before the worst value kept so far, w (exactly when it does, but for a NaN,
+// which the key then decides): a cheap test on the values themselves that the compiler vectorises.
+template <bool largest, class T>
+bool may_beat(T v, T w) {
+    if constexpr (std::is_floating_point_v<T>) {
+        return largest ? ((v > w) | (v != v)) : ((v < w) | (w != w));
+    } else {
+        return largest ? v > w : v < w;
+    }
+}
+
+constexpr int64_t CHUNK = 16;   // elements tested together before any is looked at one by one
+
+// kept out of line: inlined into topk's loop, GCC 12 no longer vectorises it
+template <bool largest, class T>
+[[gnu::noinline]] bool chunk_may_beat(const T* x, T w) {
+    int any = 0;
+    for (int64_t j = 0; j < CHUNK; ++j) any |= may_beat<largest>(x[j], w);
+    return any;
+}
+
+template <bool largest, class E, class T>
+void topk(const T* x, int64_t n, int64_t stride, int64_t k, int64_t* out, int64_t out_stride) {
+    // smallest first is largest first over the complemented keys (NaN then last, as torch puts it)
+    using Key = decltype(ordered(T{}));
+    constexpr Key flip = largest ? 0 : ~Key{0};
+    auto entry = [&](int64_t i) { return E(ordered(x[i * stride]) ^ flip, i); };
+    const int64_t take = std::min(k, n);
+    static thread_local std::vector<E> buffer;
+    std::vector<E>& kept = buffer;
+    kept.clear();
+    if (take * 8 >= n) {            // a large share of the row: select it, then sort it
+        for (int64_t i = 0; i < n; ++i) kept.push_back(entry(i));
+        if (take < n) std::nth_element(kept.begin(), kept.begin() + take, kept.end(), before);
+        std::sort(kept.begin(), kept.begin() + take, before);
+    } else if (take > 0) {          // a heap of the best so far, the worst of them on top
+        for (int64_t i = 0; i < take; ++i) kept.push_back(entry(i));
+        std::make_heap(kept.begin(), kept.end(), before);
+        T worst = x[kept.front().index() * stride];
+        auto offer = [&](int64_t i) {
+            E e = entry(i);
+            if (!e.before(kept.front())) return;
+            std::pop_heap(kept.begin(), kept.end(), before);
+            kept.back() = e;
+            std::push_heap(kept.begin(), kept.end(), before);
+            worst = x[kept.front().index() * stride];
+        };
+        int64_t i = take;
+        if (stride == 1) {
+            for (; i + CHUNK <= n; i += CHUNK) {
+                if (!chunk_may_beat<largest>(x + i, worst)) continue;
+                for (int64_t j = i; j < i + CHUNK; ++j) {
+                    if (may_beat<largest>(x[j], worst)) offer(j);
+                }
+            }
+        }
+        for (; i < n; ++i) {
+            if (may_beat<largest>(x[i * stride], worst)) offer(i);
+        }
+        std::sort(kept.begin(), kept.end(), before);
+    }
+    for (int64_t j = 0; j < take; ++j) out[j * out_stride] = kept[j].index();
+    // k > n only where the shapes were not checked: point the rest at the row's first element
+    for (int64_t j = take; j < k; ++j) out[j * out_stride] = 0;
+}
+
+template <bool largest, class T>
+void topk_row(const T* x, int64_t n, int64_t stride, int64_t k, int64_t* out, int64_t out_stride) {
+    if constexpr (sizeof(ordered(T{})) == 4) {
+        if (n <= 0xFFFFFFFF) return topk<largest, Packed>(x, n, stride, k, out, out_stride);
+    }
+    topk<largest, Wide>(x, n, stride, k, out, out_stride);
+}
+
+}  // namespace
+
+template <class T>
+void row(const void* x, int64_t n, int64_t stride, int64_t k, int32_t largest, int64_t* out, int64_t out_stride) {
+    (largest ? topk_row<true, T> : topk_row<false, T>)(static_cast<const T*>(x), n, stride, k, out, out_stride);
+}
+}  // namespace cuvil
+
+// one C entry per key type (select.h)
+#define CUVIL_TOPK(name, T)                                                                              \
+    void name(const void* x, int64_t n, int64_t stride, int64_t k, int32_t largest, int64_t* out,         \
+              int64_t out_stride) {                                                                      \
+        cuvil::row<T>(x, n, stride, k, largest, out, out_stride);                                        \
+    }
+
+extern "C" {
+CUVIL_TOPK(cuvil_topk_f32, float)
+CUVIL_TOPK(cuvil_topk_i64, int64_t)
+CUVIL_TOPK(cuvil_topk_i32, int32_t)
+CUVIL_TOPK(cuvil_topk_i8, int8_t)
+}
