@@ -1,4 +1,4 @@
-"""Benchmark-only models: the zoo has no pure elementwise chain."""
+"""Benchmark-only models: the zoo has no pure elementwise chain and no sampling step."""
 from __future__ import annotations
 
 import torch
@@ -29,3 +29,15 @@ class EltwiseChain(nn.Module):
         y = torch.log(y)
         y = y * 0.75
         return torch.maximum(y, x)
+
+
+class SamplingFilters(nn.Module):
+    """The filtering step of sampling from a language model's logits: the top-50 (top-k) and the
+    top-p nucleus (0.9) of the softmax, sorted, by a running sum. Values only: engines may order
+    equal probabilities differently."""
+
+    def forward(self, logits):
+        top = torch.topk(logits, 50).values
+        probs = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True).values
+        keep = torch.cumsum(probs, -1) - probs < 0.9
+        return top, torch.where(keep, probs, 0.0)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ELTWISE = "eltwise"   # the model name of `benchmarks.models.EltwiseChain`
+ELTWISE = "eltwise"     # the model name of `benchmarks.models.EltwiseChain`
+SAMPLING = "sampling"   # and of `benchmarks.models.SamplingFilters`
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,13 @@ class Case:
     description: str = ""
 
     def build(self) -> Built:
-        if self.model == ELTWISE:
+        if self.model in (ELTWISE, SAMPLING):
             import torch
-            from .models import EltwiseChain
+            from .models import EltwiseChain, SamplingFilters
             gen = torch.Generator().manual_seed(1234)
             x = torch.randn(self.sizes["rows"], self.sizes["cols"], generator=gen)
+            if self.model == SAMPLING:
+                return Built(SamplingFilters().eval(), (x * 4,), [{0: "rows"}])
             return Built(EltwiseChain().eval(), (x,), [{0: "rows"}])
         from cuvil import zoo
         entry = zoo.get(self.model)
@@ -45,6 +48,8 @@ SUITE: tuple[Case, ...] = (
     Case("bert_small_s128", "bert_small", {"batch": 1, "seq": 128}, "BERT, 4 layers, hidden 256, seq 128"),
     Case("eltwise_4k", ELTWISE, {"rows": 1, "cols": 4096}, "20-op elementwise chain, 1x4096"),
     Case("eltwise_1m", ELTWISE, {"rows": 1024, "cols": 1024}, "20-op elementwise chain, 1024x1024"),
+    Case("sampling_32k", SAMPLING, {"rows": 1, "cols": 32000}, "sampling filters (top-50, top-p 0.9) over 32000 "
+         "logits"),
 )
 CASES: dict[str, Case] = {c.name: c for c in SUITE}
 

@@ -1,5 +1,5 @@
 """Lowerings of the opaque graph ops: library calls (GEMM-based matmul, linear, conv2d via im2col,
-attention; the runtime's topk) and window ops (pooling, direct convolution).
+attention; the runtime's topk; running folds) and window ops (pooling, direct convolution).
 
 - Window ops are computed per output element (`WINDOW_OPS[name](lowering, op, idx) -> Expr`): a
   small `Reduce` over the window with masked loads for the padding. They sit in the ordinary loop
@@ -10,7 +10,8 @@ attention; the runtime's topk) and window ops (pooling, direct convolution).
   rows and columns of the output, images and groups), and then run the group's epilogue (bias,
   activation) over the block each tile produced, while it is still in cache. Column tiles let a
   batch-1 linear (a GEMV) split across threads. `argtopk` works the same way, with a kernel-IR
-  `TopK` (the runtime's topk, `native/src/select.h`) per row.
+  `TopK` (the runtime's topk, `native/src/select.h`) per row, and so do the running folds
+  (`scan`: cumsum, cumprod, logcumsumexp, cummax, cummin), a sequential loop along each row.
 
 Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
 unpadded ungrouped convolutions, an implicit GEMM on the panel microkernel for the NHWC ones whose
@@ -679,18 +680,6 @@ def conv2d(lw, op):
     return {"gemm": conv2d_gemm, "implicit": conv2d_implicit, "im2col": conv2d_im2col}[conv_algorithm(op)](lw, op)
 
 
-def cumsum(lw, op, idx):
-    """Running sum, one reduction per output element over the prefix (quadratic in the length of
-    `dim`; cumsum is rare in inference graphs)."""
-    x = op.operands[0]
-    d = op.attrs["dim"]
-    dtype = compute_dtype(op.result.type.dtype)
-    if x.type.rank == 0:
-        return cast(lw.value(x, []), dtype)
-    return lw.reduce("sum", [("c", 0, sympy.sympify(idx[d]) + 1)],
-                     lambda rv: lw.value(x, list(idx[:d]) + [rv[0]] + list(idx[d + 1:])), dtype, "cum")
-
-
 def argtopk(lw, op):
     """Each row along `dim`, in parallel, goes to the runtime's topk (`TopK`), which writes the
     indices of its first k elements; the group's epilogue then runs over them."""
@@ -714,12 +703,79 @@ def argtopk(lw, op):
     lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
 
 
+def _log_add_exp(a, b):
+    """log(exp(a) + exp(b)) without overflow: the larger plus log1p(exp(smaller - larger)); an
+    infinite larger or a -inf smaller is the answer itself (their difference would be NaN)."""
+    hi, lo = call("max", a, b), call("min", a, b)
+    exact = call("or", call("eq", lo, Const(-math.inf, a.dtype)), call("eq", hi, Const(math.inf, a.dtype)))
+    return call("select", exact, hi, call("add", hi, call("log1p", call("exp", call("sub", lo, hi)))))
+
+
+def _takes_place(which: str, x, best):
+    """torch.cummax/cummin's rule: x replaces the best so far when it is at least as large (small),
+    or NaN (so a NaN stays, and an equal value moves the index on)."""
+    return call("or", call("ge" if which == "max" else "le", x, best), call("ne", x, x))
+
+
+# the running folds: (the fold of the previous result and x, or the extreme it tracks)
+SCANS = {"cuvil.cumsum": lambda a, x: call("add", a, x), "cuvil.cumprod": lambda a, x: call("mul", a, x),
+         "cuvil.logcumsumexp": _log_add_exp,
+         "cuvil.cummax": "max", "cuvil.cummin": "min", "cuvil.cumargmax": "max", "cuvil.cumargmin": "min"}
+
+
+def scan(lw, op):
+    """A running fold along `dim`, each row in order in one parallel iteration: element i is the
+    fold of element i-1's result, read back from the buffer it was stored to (LLVM keeps it in a
+    register), and x[i]. A cummax/cummin index carries the extreme in a scratch row beside it.
+    Then the group's epilogue runs over the row."""
+    x, r = op.operands[0], op.result
+    X = lw.inputs[id(x)]
+    T = lw.outputs[id(r)][1] if id(r) in lw.outputs else lw.scratch(r.type.dtype, r.type.shape)
+    fold, indices = SCANS[op.name], op.name.startswith("cuvil.cumarg")
+    dtype = compute_dtype(x.type.dtype if indices else r.type.dtype)
+    carry = T if T.dtype == dtype and not indices else lw.scratch(dtype, x.type.shape)
+    lw.materialized[id(r)] = lambda idx: Load(T if indices else carry, idx)
+    if x.type.rank == 0:
+        lw.emit(Store(carry, [], cast(Load(X, []), dtype)))
+        if indices:
+            lw.emit(Store(T, [], Const(0, DType.i64)))
+        _epilogue(lw, [])
+        return
+    d = op.attrs["dim"]
+    n = x.type.shape[d]
+    others = [s for a, s in enumerate(x.type.shape) if a != d]
+
+    def row(p):
+        idx = _decompose(lw, p, others)
+
+        def at(i):
+            return idx[:d] + [i] + idx[d:]
+
+        def first(i):
+            lw.emit(Store(carry, at(i), cast(Load(X, at(i)), dtype)))
+            if indices:
+                lw.emit(Store(T, at(i), Const(0, DType.i64)))
+
+        def step(i):
+            v, before = lw.let(cast(Load(X, at(i)), dtype), "x"), Load(carry, at(i - 1))
+            if isinstance(fold, str):
+                take = lw.let(_takes_place(fold, v, before), "take")
+                lw.emit(Store(carry, at(i), call("select", take, v, before)))
+                if indices:
+                    lw.emit(Store(T, at(i), call("select", take, Index(i), Load(T, at(i - 1)))))
+            else:
+                lw.emit(Store(carry, at(i), fold(before, v)))
+        lw.loop("i", index_min(n, 1), first)
+        lw.loop("i", norm_dim(index_max(sympy.sympify(n) - 1, 0)), step, start=1)
+        _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, n)] + [(i, 1) for i in idx[d:]])
+    lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
+
+
 WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
               "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.adaptive_max_pool2d": adaptive_max_pool2d,
-              "cuvil.conv2d": conv2d_direct,
-              "cuvil.cumsum": cumsum}
+              "cuvil.conv2d": conv2d_direct}
 LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa,
-           "cuvil.argtopk": argtopk}
+           "cuvil.argtopk": argtopk, **dict.fromkeys(SCANS, scan)}
 
 
 def gathered_operands(op: Operation) -> list:

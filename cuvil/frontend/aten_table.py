@@ -87,9 +87,20 @@ def arg_reduction(name: str):
 
 
 def along_dim(name: str):
-    """softmax / log_softmax / cumsum: one axis; the input is cast to the result dtype."""
+    """softmax / log_softmax / cumsum / cumprod / logcumsumexp: one axis; the input is cast to the
+    result dtype."""
     def row(L: Lowering, x, dim, *_):
         return L.op(name, L.cast(x, L.out_dtype()), dim=L.axis(dim, x.type.rank))
+    return row
+
+
+def running_extreme(which: str):
+    """cummax / cummin: the running values and their indices (bools compared as integers)."""
+    def row(L: Lowering, x, dim):
+        d = L.axis(dim, x.type.rank) if x.type.rank else 0
+        keys = L.cast(x, DType.i8) if x.type.dtype is DType.bool else x
+        values = L.op(f"cuvil.cum{which}", keys, dim=d)
+        return L.cast(values, x.type.dtype), L.op(f"cuvil.cumarg{which}", keys, dim=d)
     return row
 
 
@@ -960,6 +971,10 @@ ATEN_TABLE = {
     aten.log_softmax.int: along_dim("cuvil.log_softmax"),
     aten._log_softmax.default: along_dim("cuvil.log_softmax"),
     aten.cumsum.default: along_dim("cuvil.cumsum"),
+    aten.cumprod.default: along_dim("cuvil.cumprod"),
+    aten.logcumsumexp.default: along_dim("cuvil.logcumsumexp"),
+    aten.cummax.default: running_extreme("max"),
+    aten.cummin.default: running_extreme("min"),
     aten.layer_norm.default: layer_norm,
     aten.native_layer_norm.default: native_layer_norm,
     aten.rms_norm.default: rms_norm,

@@ -132,7 +132,7 @@ class Fusion:
         kind = op_kind(reader)
         if kind == "unsupported":
             return Refusal("lowering", f"{reader.name} has no native lowering")
-        what = "an operand of a library call: GEMM, topk" if kind == "library" else "a gather's table"
+        what = "an operand of a library call: GEMM, topk, scan" if kind == "library" else "a gather's table"
         return Refusal("memory-operand", f"{reader.name} reads {self.value(p)} from memory ({what})")
 
     def value(self, op: Operation) -> str:

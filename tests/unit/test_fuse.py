@@ -188,7 +188,7 @@ def test_multi_use_and_memory_operand_refusals():
     assert summaries(stats) == [("single", "exp"), ("single", "relu"), ("single", "neg"), ("single", "linear")]
     assert refusals(stats) == [("%0", "multi-use", "%0 is returned"),
                                ("%2", "memory-operand", "cuvil.linear reads %2 from memory (an operand of a "
-                                                        "library call: GEMM, topk)")]
+                                                        "library call: GEMM, topk, scan)")]
     refused = stats["fusion"]["refused"][0]
     assert refused == {"group": 1, "candidate": "%0", "candidate_op": m.main.ops[0].id, "candidate_name": "cuvil.exp",
                        "consumer": "%1", "rule": "multi-use", "reason": "%0 is returned"}

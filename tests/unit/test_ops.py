@@ -796,6 +796,48 @@ def test_cumsum():
     close(counts, np.cumsum(b.numpy(), axis=0))
 
 
+@pytest.mark.parametrize("name", ["cumprod", "logcumsumexp", "cummax", "cummin", "cumargmax", "cumargmin"])
+def test_running_folds(name):
+    x = randn(3, 6)
+    x[1, 2] = float("nan")
+    x[2, :] = 1.0                                        # ties: cummax/cummin's index moves to the last
+    types, (out,) = run(f"cuvil.{name}", [x], {"dim": 1}, types=[T(F32, s0, 6)])
+    assert types == [f"tensor<s0x6x{'i64' if 'arg' in name else 'f32'}>"]
+    v = x.double().numpy()
+    if name == "cumprod":
+        ref = np.cumprod(v, axis=1)
+    elif name == "logcumsumexp":
+        with np.errstate(invalid="ignore"):             # NaN in, NaN out
+            ref = np.logaddexp.accumulate(v, axis=1)
+    else:
+        # torch's rule, written out: x takes the place when it is at least the best so far, or NaN
+        better = np.greater_equal if "max" in name else np.less_equal
+        ref, best, at = np.empty_like(v), v[:, 0].copy(), np.zeros(3)
+        for i in range(6):
+            take = (i == 0) | better(v[:, i], best) | np.isnan(v[:, i])
+            best, at = np.where(take, v[:, i], best), np.where(take, i, at)
+            ref[:, i] = at if "arg" in name else best
+    close(out, ref)
+    with pytest.raises(CuvilVerifyError, match="out of range"):
+        build(f"cuvil.{name}", [T(F32, 3, 4)], {"dim": 2})
+
+
+def test_argtopk():
+    x = torch.tensor([[3.0, 1.0, float("nan"), 3.0, -1.0], [0.0, 2.0, 2.0, 2.0, -0.0]])
+    types, (top,) = run("cuvil.argtopk", [x], {"k": 3, "dim": 1}, types=[T(F32, s0, 5)])
+    assert types == ["tensor<s0x3xi64>"]
+    assert top.tolist() == [[2, 0, 3], [1, 2, 3]]            # NaN first, equal values by index
+    _, (low,) = run("cuvil.argtopk", [x], {"k": 2, "dim": 0, "largest": False})
+    assert low.tolist() == [[1, 0, 1, 1, 0], [0, 1, 0, 0, 1]]   # the NaN last; -0 and 0 are equal
+    types, (order,) = run("cuvil.argtopk", [x], {"dim": 1}, types=[T(F32, 2, s0)])
+    assert types == ["tensor<2xs0xi64>"]
+    assert order.tolist() == [[2, 0, 3, 1, 4], [1, 2, 3, 0, 4]]
+    with pytest.raises(CuvilVerifyError, match="k = 6 is out of range for 5 elements"):
+        build("cuvil.argtopk", [T(F32, 2, 5)], {"k": 6, "dim": 1})
+    with pytest.raises(CuvilVerifyError, match="x cannot be a bool tensor"):
+        build("cuvil.argtopk", [T(DType.bool, 4)], {"k": 1, "dim": 0})
+
+
 def test_copy():
     x = randn(3, 4).t()
     types, (out,) = run("cuvil.copy", [x], types=[T(F32, 4, s0)])

@@ -1,5 +1,5 @@
 """Layout ops: views (reshape, permute, expand, slice, flip, split, squeeze, unsqueeze, select),
-cat, pad, index_select, gather, triu/tril, cumsum and copy."""
+cat, pad, index_select, gather, triu/tril and copy."""
 from __future__ import annotations
 
 import sympy
@@ -457,25 +457,6 @@ class TrilOp(TriangleOp):
     @staticmethod
     def evaluate(attrs, x):
         return torch.tril(x, attrs["diagonal"])
-
-
-@register_op
-class CumsumOp(OpDef):
-    """Running sum along `dim`; integers and bools accumulate in i64 like torch."""
-    name = "cuvil.cumsum"
-    operands = ("x",)
-    attrs = {"dim": required("int")}
-    amp = "never"
-
-    @staticmethod
-    def infer(types, attrs):
-        (x,) = types
-        check_axis(attrs["dim"], max(x.rank, 1))
-        return [x if x.dtype.is_float else x.with_dtype(DType.i64)]
-
-    @staticmethod
-    def evaluate(attrs, x):
-        return torch.cumsum(x, attrs["dim"])
 
 
 @register_op

@@ -1,4 +1,6 @@
-"""Reductions over axes (sum, mean, amax, amin, prod, var, argmax, argmin), argtopk and softmax."""
+"""Reductions over axes (sum, mean, amax, amin, prod, var, argmax, argmin), running folds along one
+(cumsum, cumprod, cummax, cummin, logcumsumexp and the indices of cummax/cummin), argtopk and
+softmax."""
 from __future__ import annotations
 
 from typing import Callable
@@ -124,6 +126,59 @@ class ArgminOp(ArgReduceOp):
     """Index of the smallest element along `dim` (of the flattened tensor when `dim` is none)."""
     name = "cuvil.argmin"
     fn = staticmethod(torch.argmin)
+
+
+class ScanOp(OpDef):
+    """A running fold along `dim`: element i is the fold of the elements 0..i."""
+    operands = ("x",)
+    attrs = {"dim": required("int")}
+    amp = "never"
+    result_dtype: Callable[[TensorType], DType]
+    fn: Callable
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        check_axis(attrs["dim"], max(x.rank, 1))
+        return [x.with_dtype(cls.result_dtype(x))]
+
+    @classmethod
+    def evaluate(cls, attrs, x):
+        return cls.fn(x, attrs["dim"])
+
+
+def _not_bool(x: TensorType) -> DType:
+    require_not_bool(x, "x")
+    return x.dtype
+
+
+def _indices_of(x: TensorType) -> DType:
+    require_not_bool(x, "x")
+    return DType.i64
+
+
+def scan(name: str, fn, result_dtype, doc: str) -> type[OpDef]:
+    cls = type(name.capitalize() + "Op", (ScanOp,), {
+        "name": f"cuvil.{name}", "fn": staticmethod(fn), "result_dtype": staticmethod(result_dtype),
+        "__doc__": doc, "__module__": __name__})
+    return register_op(cls)
+
+
+CumsumOp = scan("cumsum", torch.cumsum, _accumulate,
+                "Running sum along `dim`; integers and bools accumulate in i64 like torch.")
+CumprodOp = scan("cumprod", torch.cumprod, _accumulate,
+                 "Running product along `dim`; integers and bools accumulate in i64 like torch.")
+LogcumsumexpOp = scan("logcumsumexp", torch.logcumsumexp, _float_only,
+                      "log of the running sum of exp along `dim`, without overflow.")
+CummaxOp = scan("cummax", lambda x, dim: torch.cummax(x, dim).values, _not_bool,
+                "Running maximum along `dim`, as torch.cummax's values: an element at least the maximum so "
+                "far, or NaN, takes its place (so NaN stays, and -0 replaces an equal +0).")
+CumminOp = scan("cummin", lambda x, dim: torch.cummin(x, dim).values, _not_bool,
+                "Running minimum along `dim`, as torch.cummin's values.")
+CumargmaxOp = scan("cumargmax", lambda x, dim: torch.cummax(x, dim).indices, _indices_of,
+                   "The index of cummax's element: torch.cummax's indices (the last of equal maxima).")
+CumargminOp = scan("cumargmin", lambda x, dim: torch.cummin(x, dim).indices, _indices_of,
+                   "The index of cummin's element: torch.cummin's indices.")
 
 
 @register_op
