@@ -463,14 +463,16 @@ class CompiledModel:
         return variant.run(*hit)
 
     def _canonical(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Keyword arguments of leading parameters passed positionally: one form per call, one variant."""
+        """One form per call, one variant: keyword arguments of leading parameters passed
+        positionally; a call that still needs keywords passes every argument by name, the form
+        `_as_example` gives torch.export (and so the form the guard's input structure has)."""
         if self._signature is None:
             self._signature = inspect.signature(self._forward())
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as e:
             raise CuvilError(f"the call does not match {self._name()}'s signature: {e}") from None
-        return bound.args, bound.kwargs
+        return (bound.args, {}) if not bound.kwargs else ((), dict(bound.arguments))
 
     def save(self, path) -> None:
         """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,

@@ -186,6 +186,15 @@ def _hf_gpt2():
     return GPT2Model(cfg)
 
 
+def _hf_llama():
+    """Llama's architecture: RMS norm, rotary embeddings, grouped-query attention, a SiLU-gated MLP."""
+    from transformers import LlamaConfig, LlamaModel
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False,
+                      attn_implementation="sdpa")
+    return LlamaModel(cfg)
+
+
 def _hf_vit():
     from transformers import ViTConfig, ViTModel
     cfg = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64, num_hidden_layers=2,
@@ -225,6 +234,8 @@ _BUILDERS: dict[str, Callable[[], ZooEntry]] = {
                                    lambda s: _tokens(s, with_mask=True), _BATCH_SEQ * 2, _RANGES),
     "gpt2": lambda: ZooEntry("gpt2", _hf_gpt2(), {"batch": 2, "seq": 16},
                              lambda s: _tokens(s, with_mask=False), _BATCH_SEQ, _RANGES),
+    "llama": lambda: ZooEntry("llama", _hf_llama(), {"batch": 2, "seq": 16},
+                              lambda s: _tokens(s, with_mask=False), _BATCH_SEQ, _RANGES),
     "vit": lambda: ZooEntry("vit", _hf_vit(), {"batch": 2},
                             lambda s: (torch.randn(s["batch"], 3, 32, 32),), _BATCH, _RANGES),
 }

@@ -19,7 +19,7 @@ SIZES = {
     "batch_seq": [{}, {"batch": 1}, {"batch": 3}, {"seq": 5}, {"seq": 17}, {"batch": 3, "seq": 17}],
 }
 MODELS = [("mlp", True), ("cnn", True), ("resnet", True), ("transformer", True), ("transformer_sdpa", True),
-          ("bert", True), ("gpt2", True), ("vit", True), ("mlp", False), ("transformer", False)]
+          ("bert", True), ("gpt2", True), ("llama", True), ("vit", True), ("mlp", False), ("transformer", False)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,7 +42,8 @@ def compiled_model(name: str, fusion: bool):
 
 def cases():
     for name, fusion in MODELS:
-        entry_sizes = SIZES["batch_seq" if name in ("transformer", "transformer_sdpa", "bert", "gpt2") else "batch"]
+        entry_sizes = SIZES["batch_seq" if name in ("transformer", "transformer_sdpa", "bert", "gpt2", "llama")
+                            else "batch"]
         for sizes in entry_sizes:
             label = ",".join(f"{k}={v}" for k, v in sizes.items()) or "example"
             yield pytest.param(name, fusion, sizes, id=f"{name}{'' if fusion else '-unfused'}-{label}")

@@ -101,6 +101,24 @@ def test_keyword_arguments():
         m(x, x=x)
 
 
+def test_a_keyword_after_a_skipped_parameter_and_a_flag():
+    # Hugging Face style: forward(input_ids, attention_mask=None, ..., use_cache=None), called with
+    # the ids and a flag by name; the flag is a constant of the variant
+    class Flagged(nn.Module):
+        def forward(self, x, mask=None, scale=None, double=False):
+            y = x * 2 if double else x + 1
+            return y if mask is None else y * mask
+
+    m = cuvil.compile(Flagged())
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    torch.testing.assert_close(m(x, double=True), x * 2)
+    torch.testing.assert_close(m(x=x, double=True), x * 2)          # the same call, by name
+    assert m.num_variants == 1
+    torch.testing.assert_close(m(x, double=False), x + 1)          # another flag: another variant
+    torch.testing.assert_close(m(x, mask=mask, double=True), x * 2 * mask)
+    assert m.num_variants == 3
+
+
 # ----------------------------------------------------------------------------- outputs that alias
 
 def test_outputs_that_are_inputs_weights_or_repeated_get_their_own_buffers():
