@@ -23,6 +23,7 @@ import torch
 
 from ..ir import DType
 from ..ir.types import dims_equal, norm_dim
+from ..ir.ops.common import window_out
 from ..ir.ops.layout import PAD_MODES
 from .importer import Lowering, Unavailable
 
@@ -594,11 +595,133 @@ def _single(v) -> int:
 
 
 def convolution(L: Lowering, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if weight.type.rank not in (3, 4):
-        L.unsupported("only 1-d and 2-d convolutions are supported")
     if transposed:
+        if weight.type.rank == 5:
+            L.unsupported("a transposed 3-d convolution (1-d and 2-d ones are supported)")
         return conv_transpose(L, x, weight, bias, stride, padding, output_padding, groups, dilation)
-    return (conv1d if weight.type.rank == 3 else conv2d)(L, x, weight, bias, stride, padding, dilation, groups)
+    return {3: conv1d, 4: conv2d, 5: conv3d}[weight.type.rank](L, x, weight, bias, stride, padding, dilation, groups)
+
+
+# ----------------------------------------------------------------------------- 3-d windows as 2-d ones
+# A 3-d convolution or pooling is its 2-d counterpart over every output depth's input slices: for
+# each tap i of the window's depth, the input slice each output depth reads at that tap (stride
+# and dilation apart, after padding the depth) is one image of a batch of N * D' images; the
+# taps' 2-d results are combined (summed, or their maximum) and the batch folded back to depth.
+
+def _triple(v) -> list[int]:
+    v = [v] if isinstance(v, int) else list(v)
+    return v * 3 if len(v) == 1 else v
+
+
+def _unbatched_3d(fn):
+    """A row of a 3-d window op that also takes an unbatched [C, D, H, W] input."""
+    def row(L: Lowering, x, *args):
+        if x.type.rank == 4:
+            out = fn(L, L.op("cuvil.unsqueeze", x, dim=0), *args)
+            return L.op("cuvil.squeeze", out, dims=[0])
+        return fn(L, x, *args)
+    return row
+
+
+def _depth_taps(L: Lowering, x, kernel: int, stride: int, padding: int, dilation: int, fill: float,
+                ceil_mode: bool = False, overhang: float | None = None):
+    """[N * D', C, H, W] per depth tap of the window, and D'. The depth is padded by `padding` of
+    `fill`, and, where ceil_mode lets the last window hang past that, by `overhang` (`fill` unless
+    given) up to its end."""
+    depth = window_out(x.type.shape[2], kernel, stride, padding, dilation, ceil_mode)
+    span = norm_dim((sympy.sympify(depth) - 1) * stride + dilation * (kernel - 1) + 1)
+    past = sympy.sympify(span) - x.type.shape[2] - 2 * padding
+    if padding:
+        x = L.op("cuvil.pad", x, low=[0, 0, padding, 0, 0], high=[0, 0, padding, 0, 0], mode="constant", value=fill)
+    if past.is_Integer and past > 0:
+        x = L.op("cuvil.pad", x, low=[0] * 5, high=[0, 0, int(past), 0, 0], mode="constant",
+                 value=fill if overhang is None else overhang)
+    n, c, _, h, w = x.type.shape
+    taps = []
+    for i in range(kernel):
+        first = i * dilation
+        y = L.op("cuvil.slice", x, dim=2, start=[first], end=[norm_dim(first + (sympy.sympify(depth) - 1) * stride + 1)],
+                 step=stride)
+        y = L.op("cuvil.permute", y, perm=[0, 2, 1, 3, 4])
+        taps.append(L.op("cuvil.reshape", y, shape=[norm_dim(sympy.sympify(n) * depth), c, h, w]))
+    return taps, depth
+
+
+def _as_volume(L: Lowering, images, n, depth):
+    """[N * D', C, H, W] -> [N, C, D', H, W]."""
+    _, c, h, w = images.type.shape
+    return L.op("cuvil.permute", L.op("cuvil.reshape", images, shape=[n, depth, c, h, w]), perm=[0, 2, 1, 3, 4])
+
+
+def _fold(L: Lowering, name: str, values):
+    return functools.reduce(lambda a, b: L.op(name, a, b), values)
+
+
+@_unbatched_3d
+def conv3d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if isinstance(padding, str):
+        L.unsupported(f"conv3d with padding='{padding}' (torch.export gives the explicit padding)")
+    stride, padding, dilation = _triple(stride), _triple(padding), _triple(dilation)
+    out_c, in_g, kd, kh, kw = weight.type.shape
+    taps, depth = _depth_taps(L, x, kd, stride[0], padding[0], dilation[0], 0.0)
+    sums = []
+    for i, images in enumerate(taps):
+        w = L.op("cuvil.slice", weight, dim=2, start=[i], end=[i + 1], step=1)
+        w = L.op("cuvil.reshape", w, shape=[out_c, in_g, kh, kw])
+        sums.append(conv2d(L, images, w, None, stride[1:], padding[1:], dilation[1:], groups))
+    y = _as_volume(L, _fold(L, "cuvil.add", sums), x.type.shape[0], depth)
+    if bias is not None:
+        y = L.op("cuvil.add", y, L.op("cuvil.reshape", bias, shape=[out_c, 1, 1, 1]))
+    return y
+
+
+@_unbatched_3d
+def max_pool3d(L: Lowering, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    kernel = _triple(kernel)
+    stride, padding, dilation = _triple(stride or kernel), _triple(padding), _triple(dilation)
+    taps, depth = _depth_taps(L, x, kernel[0], stride[0], padding[0], dilation[0], -math.inf, ceil_mode)
+    pooled = [max_pool2d(L, t, kernel[1:], stride[1:], padding[1:], dilation[1:], ceil_mode) for t in taps]
+    return _as_volume(L, _fold(L, "cuvil.maximum", pooled), x.type.shape[0], depth)
+
+
+def max_pool3d_with_indices(L: Lowering, *args):
+    return max_pool3d(L, *args), Unavailable("the indices output of max_pool3d_with_indices")
+
+
+@_unbatched_3d
+def avg_pool3d(L: Lowering, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor=None):
+    """The taps' 2-d averages summed and divided by the depth's count, which is torch's: the taps
+    inside the padded input (count_include_pad) or inside the input, never past its padding;
+    counted by summing the same taps of ones. With a divisor override: the window sums over it."""
+    kernel = _triple(kernel)
+    stride, padding = _triple(stride or kernel), _triple(padding)
+    taps, depth = _depth_taps(L, x, kernel[0], stride[0], padding[0], 1, 0.0, ceil_mode)
+    sums = [avg_pool2d(L, t, kernel[1:], stride[1:], padding[1:], ceil_mode, count_include_pad,
+                       1 if divisor else None) for t in taps]
+    total = _as_volume(L, _fold(L, "cuvil.add", sums), x.type.shape[0], depth)
+    if divisor:
+        return binary("cuvil.div")(L, total, float(divisor))
+    ones = L.op("cuvil.full", shape=[1, 1, x.type.shape[2], 1, 1], value=1.0, dtype=DType.f32)
+    counted, _ = _depth_taps(L, ones, kernel[0], stride[0], padding[0], 1, float(bool(count_include_pad)), ceil_mode,
+                             overhang=0.0)
+    return L.op("cuvil.div", total, _as_volume(L, _fold(L, "cuvil.add", counted), 1, depth))
+
+
+@_unbatched_3d
+def adaptive_avg_pool3d(L: Lowering, x, output_size):
+    """2-d adaptive pooling of every depth slice, then each output depth the mean of its window of
+    slices (torch's windows: floor(j * D / d') to ceil((j + 1) * D / d'))."""
+    od, oh, ow = _triple(output_size)
+    n, c, d, h, w = x.type.shape
+    if (od, oh, ow) == (1, 1, 1):
+        return L.op("cuvil.mean", x, dims=[2, 3, 4], keepdim=True)
+    if not isinstance(d, int):
+        L.unsupported(f"adaptive_avg_pool3d over a symbolic depth ({d}) to {od} other than 1")
+    slices = L.op("cuvil.reshape", L.op("cuvil.permute", x, perm=[0, 2, 1, 3, 4]), shape=[norm_dim(n * d), c, h, w])
+    y = _as_volume(L, adaptive_avg_pool2d(L, slices, [oh, ow]), n, d)
+    windows = [L.op("cuvil.mean", L.op("cuvil.slice", y, dim=2, start=[j * d // od], end=[-(-(j + 1) * d // od)],
+                                       step=1), dims=[2], keepdim=True) for j in range(od)]
+    return windows[0] if od == 1 else L.op("cuvil.cat", *windows, dim=2)
 
 
 def conv_transpose(L: Lowering, x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
@@ -991,6 +1114,12 @@ ATEN_TABLE = {
     aten.addmm.default: addmm,
     aten.conv1d.default: conv1d,
     aten.conv2d.default: conv2d,
+    aten.conv3d.default: conv3d,
+    aten.max_pool3d.default: max_pool3d,
+    aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
+    aten.avg_pool3d.default: avg_pool3d,
+    aten.adaptive_avg_pool3d.default: adaptive_avg_pool3d,
+    aten._adaptive_avg_pool3d.default: adaptive_avg_pool3d,
     aten.convolution.default: convolution,
     aten.conv_transpose1d.default: conv_transpose,
     aten.conv_transpose2d.input: conv_transpose,

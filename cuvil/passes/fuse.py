@@ -119,6 +119,12 @@ class Fusion:
             elif not fusible:
                 memory.append((u, self._memory_read(p, u)))
                 escape = escape or f"{self.value(p)} is also read from memory by {u.name}"
+            elif view is not None and op_kind(u) == "library" and op_kind(p) not in REMATERIALIZED:
+                # the op gathers its operand through the views, each element as often as windows
+                # overlap (kh*kw times): a value computed behind them is computed once, in memory
+                memory.append((u, Refusal("gathered-operand", f"{u.name} gathers {self.value(p)} through views, "
+                                                              f"reading each element several times")))
+                escape = escape or f"{self.value(p)} is gathered by {u.name}"
             else:
                 if (op_kind(u) not in REMATERIALIZED or needs_memory(u)) and u not in readers:
                     readers.append(u)

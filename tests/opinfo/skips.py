@@ -33,8 +33,8 @@ class Refusal:
 
 F64 = "a float64 result: Cuvil has no f64 dtype (f32, f16, bf16, i64, i32, i8, i1)"
 U8 = "a uint8 tensor: Cuvil has no unsigned 8-bit dtype"
-POOL_INDICES = ("return_indices=True: Cuvil's pooling computes no argmax indices (its max_pool2d_with_indices row "
-                "keeps output 0 only)")
+POOL_INDICES = ("return_indices=True: Cuvil's pooling computes no argmax indices (its max_pool2d/3d_with_indices "
+                "rows keep output 0 only)")
 
 REFUSALS: list[Refusal] = [
     Refusal("__getitem__", r"indexing with None", "x[:, idx] (a full slice before an index tensor): Cuvil's "
@@ -55,6 +55,7 @@ REFUSALS: list[Refusal] = [
     Refusal("nn.functional.max_pool1d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
     Refusal("nn.functional.max_pool2d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
     Refusal("nn.functional.adaptive_max_pool2d", r"indices output of adaptive_max_pool2d", POOL_INDICES),
+    Refusal("nn.functional.max_pool3d", r"indices output of max_pool3d_with_indices", POOL_INDICES),
     Refusal("nn.functional.scaled_dot_product_attention", r"dropout_p=", "dropout_p > 0 is random (training); "
             "inference attention needs dropout_p=0"),
 ]
@@ -105,6 +106,9 @@ UNMAPPED: dict[str, str] = {
     "aten._log_softmax.default": "as _softmax: log_softmax.int stays whole, so no OpInfo sample exports to it",
     "aten._adaptive_avg_pool2d.default": "adaptive_avg_pool2d stays whole under Cuvil's decomposition table, "
                                          "so no OpInfo sample exports to the underscored form",
+    "aten._adaptive_avg_pool3d.default": "as _adaptive_avg_pool2d (tests/codegen/test_conv3d.py calls it directly)",
+    "aten.max_pool3d_with_indices.default": "max_pool3d stays whole, and the return_indices samples are refused "
+                                            "(POOL_INDICES); tests/codegen/test_conv3d.py calls the row directly",
     "aten.reshape.default": "reshape is CompositeImplicitAutograd: torch.export always turns it into "
                             "view/_unsafe_view (the reshape OpInfo runs under aten.view.default)",
     "aten.convolution.default": "OpInfo's 1-d and 2-d convolutions export as aten.conv1d, aten.conv2d and "

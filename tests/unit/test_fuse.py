@@ -179,6 +179,21 @@ def test_score_decides_who_joins_under_max_ops():
     assert stats["fusion"]["options"] == {"max-ops": 2, "epilogue": True, "reductions": True}
 
 
+def test_a_value_a_convolution_gathers_through_views_is_computed_once():
+    # im2col reads each input element up to kh*kw times: exp behind the permute stays out of the
+    # convolution's kernel (the permute itself is read through), instead of being recomputed
+    def build(b, x, w):
+        return b("cuvil.conv2d", b("cuvil.permute", b("cuvil.exp", x), perm=[0, 1, 3, 2]), w, padding=[1, 1])
+    m = module(build, T(2, 4, 8, 8), T(8, 4, 3, 3))
+    stats = fuse(m)
+    assert summaries(stats) == [("single", "exp"), ("single", "conv2d")]    # the permute: read through
+    assert refusals(stats) == [("%0", "gathered-operand", "cuvil.conv2d gathers %0 through views, reading each "
+                                                          "element several times")]
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(8, 4, 3, 3)
+    (out,) = compile_module(m, pipeline="verify,fuse", cache=None, details=False).native(x, w)
+    torch.testing.assert_close(out, torch.conv2d(x.exp().transpose(2, 3), w, padding=1), rtol=1e-4, atol=1e-4)
+
+
 def test_multi_use_and_memory_operand_refusals():
     def build(b, x, w):
         e = b("cuvil.exp", x)
