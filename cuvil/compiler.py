@@ -14,6 +14,7 @@ CompileReport (passes, kernels, schedule, memory plan, compile phases) and the `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,14 @@ def pipeline_for(pipeline: "Pipeline | str", disable_passes=(), enable_fusion=Tr
     if PRECISIONS[precision] and not any(p.name == "mixed-precision" for p in passes):
         passes = passes.insert_by_priority(get_pass("mixed-precision")(dtype=PRECISIONS[precision]))
     return passes.without(off + (("fuse",) if enable_fusion is False else ()))
+
+
+def for_target(pipeline: Pipeline, target: Target | None) -> Pipeline:
+    """A cross compile packs weights for its target: `layout{panel-width=0}` means the host's."""
+    if target is None:
+        return pipeline
+    return Pipeline(tuple(dataclasses.replace(p, panel_width=target.panel_width)
+                          if p.name == "layout" and p.panel_width == 0 else p for p in pipeline))
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -271,7 +280,7 @@ def compile_module(module: Module, *, pipeline: str = "O1", name: str = "", nati
     phases = list(phases or [])
     input_ir = print_module(module)
     t = time.perf_counter()
-    manager = PassManager(pipeline, instruments=[IRSnapshot(), VerifyEach(), *instruments])
+    manager = PassManager(for_target(Pipeline.of(pipeline), target), instruments=[IRSnapshot(), VerifyEach(), *instruments])
     records = manager.run(module)
     program_records: list = []
     phases.append({"name": "passes", "time_s": time.perf_counter() - t})

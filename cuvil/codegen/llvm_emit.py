@@ -62,9 +62,9 @@ REDUCE_FLAGS = ("reassoc", "contract")
 # (`KernelEmitter._pairwise_sum`); PAIRWISE_DEPTH bounds the stack of pending block sums (2**64 blocks).
 SUM_BLOCK = 256
 VECTOR_FLOATS = 8   # f32 lanes of a ymm register (16 in a zmm)
-# A multiple of what LLVM's vector loop sums per iteration: 4 interleaved registers of 8 (ymm) or 16
-# (zmm, when the target allows 512-bit vectors) floats
-SUM_LANES = 64
+# What LLVM's vector loop sums per iteration, in vector registers of the target's width (8 floats
+# with AVX2, 16 with AVX-512, 4 with NEON)
+SUM_INTERLEAVE = 4
 # Independent vectors a latency-bound elementwise loop works on at once (`_latency_bound`); the
 # 20-op chain with six transcendental ops measured 29 -> 19 -> 18 us per 4096 elements for 1, 2, 4
 LATENCY_INTERLEAVE = 4
@@ -402,9 +402,9 @@ class KernelEmitter:
                               flags=["nsw"])
                 end = b.add(start, size, flags=["nsw"])
                 end = b.select(b.icmp_signed("<", end, hi), end, hi)
-                # the vector loop leaves up to SUM_LANES - 1 elements that LLVM would add one by one to
-                # the block's total: sum them apart, so that they meet the total in one addition
-                lanes = ir.Constant(I64, SUM_LANES)
+                # the vector loop leaves fewer elements than its lanes, which LLVM would add one by one
+                # to the block's total: sum them apart, so that they meet the total in one addition
+                lanes = ir.Constant(I64, SUM_INTERLEAVE * self.mb.target.vector_floats)
                 cut = b.add(start, b.mul(b.sdiv(b.sub(end, start), lanes), lanes, flags=["nsw"]), flags=["nsw"])
                 b.store(ir.Constant(ty, 0.0), part)
                 self.counted_loop(inner.var, start, cut, lambda: self._accumulate(s, part, ty))

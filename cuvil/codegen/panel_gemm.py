@@ -38,6 +38,8 @@ from .mathlib import F32, I32, I64
 PTR = ir.PointerType()
 ARGS = [PTR] * 3 + [I64] * 11 + [PTR]
 MAX_ACCUMULATORS = 12
+CHAIN_FMAS = 8      # FMAs in flight to fill two FMA units of 4 cycles' latency
+MAX_CHAINS = 4
 
 
 def panel_rows(lanes: int, registers: int, width: int) -> int:
@@ -68,7 +70,11 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
     for p in (c, a, bp, bias_ptr):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    acc = [[b.alloca(vec, name=f"acc{r}.{v}") for v in range(vectors)] for r in range(rows)]
+    # chains of accumulators for a block of few rows: a single row's FMAs would each wait for the
+    # last (a GEMV); `CHAIN_FMAS` independent ones keep both FMA units busy, k split among them
+    chains = {count: max(1, min(MAX_CHAINS, CHAIN_FMAS // (count * vectors))) for count in (rows, 4, 1)}
+    acc = [[[b.alloca(vec, name=f"acc{r}.{v}.{h}") for v in range(vectors)] for r in range(rows)]
+           for h in range(max(chains.values()))]
     tile = b.alloca(vec, size=ir.Constant(I64, rows * vectors), name="tile")   # a partial panel, then copied
     tile_floats = b.bitcast(tile, F32.as_pointer())
     i64 = lambda x: ir.Constant(I64, x)   # noqa: E731
@@ -79,9 +85,11 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
     def block(p, first: ir.Value, count: int) -> None:
         """C[first : first+count, panel p] for a static count of rows."""
         panel = b.gep(bp, [b.mul(p, b.mul(k, i64(width)))], inbounds=True, source_etype=F32)
-        for r in range(count):
-            for v in range(vectors):
-                b.store(zero, acc[r][v])
+        chain = chains[count]
+        for h in range(chain):
+            for r in range(count):
+                for v in range(vectors):
+                    b.store(zero, acc[h][r][v])
         rows_of_a = []
         for r in range(count):
             row = b.add(first, i64(r))
@@ -93,21 +101,36 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
             a_run = [b.gep(row, [at], inbounds=True, source_etype=F32) for row in rows_of_a]
             b_run = b.gep(panel, [b.mul(b.mul(j, k_run), i64(width))], inbounds=True, source_etype=F32)
 
-            def step(kk, at):       # `at`: the panel at kk, a pointer stepped by the loop itself, so
-                # that the loop needs no strength reduction (code generation runs without it on x86)
+            def step(kk, at, h=0):       # `at`: the panel at kk, a pointer stepped by the loop itself,
+                # so that the loop needs no strength reduction (code generation runs without it on x86)
                 bv = [b.load(b.gep(at, [i64(v * lanes)], inbounds=True, source_etype=F32), typ=vec, align=4)
                       for v in range(vectors)]
                 for r in range(count):
                     x = b.load(b.gep(a_run[r], [kk], inbounds=True, source_etype=F32), typ=F32, align=4)
                     xs = b.shuffle_vector(b.insert_element(undef, x, ir.Constant(I32, 0)), undef, splat_mask)
                     for v in range(vectors):
-                        b.store(b.call(fma, [xs, bv[v], b.load(acc[r][v], typ=vec)]), acc[r][v])
+                        b.store(b.call(fma, [xs, bv[v], b.load(acc[h][r][v], typ=vec)]), acc[h][r][v])
                 return b.gep(at, [i64(width)], inbounds=True, source_etype=F32)
+
+            def steps(kk, at):      # `chain` steps of k, each into its own accumulators
+                for h in range(chain):
+                    at = step(b.add(kk, i64(h)), at, h)
+                return at
             # not unrolled: a short constant run (an RGB stem's 9) would be unrolled fully in every
             # row-block variant (compile time tenfold), and unrolling by 2 measured no faster than
             # the loop (one FMA per row and vector already fills an iteration) for 15% more LLVM time
-            for_range(b, i64(0), k_run, i64(1), "k", step, ("llvm.loop.unroll.disable",), carry=b_run)
+            if chain == 1:
+                for_range(b, i64(0), k_run, i64(1), "k", step, ("llvm.loop.unroll.disable",), carry=b_run)
+                return
+            split = b.mul(b.sdiv(k_run, i64(chain)), i64(chain))
+            for_range(b, i64(0), split, i64(chain), "kc", steps, ("llvm.loop.unroll.disable",), carry=b_run)
+            for_range(b, split, k_run, i64(1), "k", step, ("llvm.loop.unroll.disable",),
+                      carry=b.gep(b_run, [b.mul(split, i64(width))], inbounds=True, source_etype=F32))
         for_range(b, i64(0), b.sdiv(k, k_run), i64(1), "run", run, ("llvm.loop.unroll.disable",))
+        for h in range(1, chain):
+            for r in range(count):
+                for v in range(vectors):
+                    b.store(b.fadd(b.load(acc[0][r][v], typ=vec), b.load(acc[h][r][v], typ=vec)), acc[0][r][v])
         column = b.mul(p, i64(width))
         left = b.sub(n, column)
         whole = b.icmp_signed(">=", left, i64(width))
@@ -127,12 +150,12 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
                 for r in range(count):
                     row = b.gep(corner, [b.mul(i64(r), ldc)], inbounds=True, source_etype=F32)
                     for v in range(vectors):
-                        b.store(finish(b.load(acc[r][v], typ=vec), i64(v * lanes), vec),
+                        b.store(finish(b.load(acc[0][r][v], typ=vec), i64(v * lanes), vec),
                                 b.gep(row, [i64(v * lanes)], inbounds=True, source_etype=F32), align=4)
             with otherwise:      # the last, partial panel: through the stack, then `left` floats a row
                 for r in range(count):
                     for v in range(vectors):
-                        b.store(b.load(acc[r][v], typ=vec),
+                        b.store(b.load(acc[0][r][v], typ=vec),
                                 b.gep(tile, [i64(r * vectors + v)], inbounds=True, source_etype=vec))
 
                 def copy_row(r):

@@ -78,6 +78,13 @@ class Target:
     def vector_registers(self) -> int:
         return 16 if self.arch == "x86_64" and not self.has_feature("avx512f") else 32
 
+    @property
+    def panel_width(self) -> int:
+        """The widest panel the `layout` pass packs a weight in (`ir.ops.nn.panel_width`): 32 columns
+        with 16-float vectors, 16 with narrower ones (their microkernel then keeps 6 x 16 or 3 x 16
+        blocks of C in registers)."""
+        return 32 if self.vector_floats >= 16 else 16
+
     def __str__(self) -> str:
         return f"{self.triple} ({self.cpu})"
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from ..ir.core import Module, Operation, Value
-from ..ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, pack_panels
+from ..codegen.target import Target
+from ..ir.ops.nn import PANEL_WIDTHS, TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, pack_panels
 from .base import ModulePass
 from .canonicalize import permute_identity, permute_permute
 from .fold_constants import add_constant
@@ -45,16 +46,24 @@ class LayoutPass(ModulePass):
 
     The conversions move through elementwise ops and the pairs that meet cancel. A function is
     converted when it has at least `min-convs` convolutions; `pack-conv` and `pack-linear` block
-    weights in GEMM panels. Statistics: ops converted and kept (by op), weights packed (of them in
-    conv panels), linears packed, conversions inserted, sunk, cancelled and left."""
+    weights in GEMM panels of at most `panel-width` columns (0: the host's `Target.panel_width`;
+    a cross compile sets its target's). Statistics: ops converted and kept (by op), weights packed
+    (of them in conv panels), linears packed, the panel width, conversions inserted, sunk,
+    cancelled and left."""
     name = "layout"
     priority = 85
     requires = frozenset({"verified"})
     min_convs: int = 1
     pack_linear: bool = True
     pack_conv: bool = True
+    panel_width: int = 0
+
+    def __post_init__(self):
+        if self.panel_width not in (0, *PANEL_WIDTHS):
+            raise ValueError(f"panel-width must be 0 (the host's) or one of {PANEL_WIDTHS}, not {self.panel_width}")
 
     def run(self, module: Module) -> dict:
+        widest = self.panel_width or Target.host().panel_width
         converted: Counter = Counter()
         kept: Counter = Counter()
         packed: Counter = Counter()
@@ -67,16 +76,16 @@ class LayoutPass(ModulePass):
                 continue
             rw = Rewriter(module, fn)
             for op in ops:
-                packed[_to_nhwc(rw, op, self.pack_conv)] += 1
+                packed[_to_nhwc(rw, op, self.pack_conv, widest)] += 1
                 converted[op.name.removeprefix("cuvil.")] += 1
                 inserted += 2
-        linears = sum(_pack_linear(Rewriter(module, fn), op) for fn in module.functions.values()
+        linears = sum(_pack_linear(Rewriter(module, fn), op, widest) for fn in module.functions.values()
                       for op in list(fn.ops) if self.pack_linear and op.name == "cuvil.linear")
         fired = apply_patterns(module, {ANY_OP: [sink_conversion],
                                         "cuvil.permute": [permute_permute, permute_identity]})
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
                 "weights-packed": packed["hwio"] + packed["panels"], "conv-panels": packed["panels"],
-                "linears-packed": linears,
+                "linears-packed": linears, "panel-width": widest,
                 "conversions-inserted": inserted, "sunk": fired["sink_conversion"],
                 "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
 
@@ -85,7 +94,7 @@ def _convertible(op: Operation) -> bool:
     return op.name in IMAGE_OPS and op.attrs["layout"] == "nchw" and op.operands[0].type.rank == 4
 
 
-def _pack_linear(rw: Rewriter, op: Operation) -> int:
+def _pack_linear(rw: Rewriter, op: Operation, widest: int) -> int:
     """Pack a linear's constant fp32 weight in panels (`codegen/panel_gemm.py`): 1 if it did."""
     weight = op.operands[1]
     p = producer(weight)
@@ -94,7 +103,7 @@ def _pack_linear(rw: Rewriter, op: Operation) -> int:
         return 0
     if any(u is not op for u in weight.uses):   # tied (an embedding's table): packing would store it twice
         return 0
-    name = add_constant(rw.module, f"{p.attrs['name']}.panels", pack_panels(data))
+    name = add_constant(rw.module, f"{p.attrs['name']}.panels", pack_panels(data, widest))
     packed = rw.create(op, "cuvil.const", attrs={"name": name},
                        result_types=[weight.type.with_shape(tuple(rw.module.constants[name].shape))]).result
     new = rw.create(op, "cuvil.linear", [op.operands[0], packed, *op.operands[2:]],
@@ -103,7 +112,7 @@ def _pack_linear(rw: Rewriter, op: Operation) -> int:
     return 1
 
 
-def _to_nhwc(rw: Rewriter, op: Operation, pack_conv: bool) -> str | None:
+def _to_nhwc(rw: Rewriter, op: Operation, pack_conv: bool, widest: int) -> str | None:
     """Rewrite `op` to NHWC between conversions; says how a weight was packed at compile time:
     "hwio", "panels" (`_panel_packable`), or None."""
     x, *rest = op.operands
@@ -115,7 +124,7 @@ def _to_nhwc(rw: Rewriter, op: Operation, pack_conv: bool) -> str | None:
         if data is not None:
             hwio, packed = data.permute(*WEIGHT_TO_HWIO), "hwio"
             if pack_conv and _panel_packable(op, data):
-                hwio, packed = pack_conv_panels(hwio, op.attrs["groups"]), "panels"
+                hwio, packed = pack_conv_panels(hwio, op.attrs["groups"], widest), "panels"
                 attrs["out_channels"] = data.shape[0]
             name = add_constant(rw.module, f"{producer(weight).attrs['name']}.{packed}", hwio)
             rest[0] = rw.create(op, "cuvil.const", attrs={"name": name},

@@ -132,8 +132,9 @@ def test_activations(compiled):
     ref = [F.gelu(x), F.gelu(x, approximate="tanh"), x.clamp(-0.5, 2.0), x.clamp(min=0.25), x ** 2,
            x.abs() ** 0.5, x.abs() ** 1.7]
     outs = run(GRAPHS["activations"], compiled, x)
-    # torch's exact gelu gives nan at +inf; the limit (and Cuvil's answer) is +inf
-    assert outs[0].reshape(-1)[-3].item() == float("inf") and torch.isnan(ref[0].reshape(-1)[-3])
+    # torch's exact gelu gives nan at +inf with its AVX-512 kernel (+inf with AVX2); the limit (and
+    # Cuvil's answer on every host) is +inf
+    assert outs[0].reshape(-1)[-3].item() == float("inf")
     ref[0].view(-1)[-3] = float("inf")
     for k, (out, r) in enumerate(zip(outs, ref)):
         torch.testing.assert_close(out, r, equal_nan=True, msg=str(k))

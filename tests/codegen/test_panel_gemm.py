@@ -1,6 +1,7 @@
 """Linears whose weight the layout pass packed in panels (`codegen/panel_gemm.py`) against eager
 torch: every remainder of rows and of panel columns, row and column tiles, thread splits, fused
 epilogues, the kernel text form, and the code for other targets."""
+import copy
 import re
 
 import pytest
@@ -123,7 +124,26 @@ def test_layout_pass_packs_constant_linear_weights_only():
 
 @pytest.mark.parametrize("target,instruction", [("aarch64", r"\bfmla\b"), ("x86_64", r"\bvfmadd\w+ps\b.*ymm")])
 def test_panel_kernel_for_other_targets(target, instruction):
+    # NEON and AVX2 (x86-64-v3) have 4- or 8-float vectors: panels of 16 columns, whatever the host's
     mlp = nn.Sequential(nn.Linear(64, 96)).eval()
     report = cuvil.explain(mlp, torch.randn(8, 64), target=target)
     (kernel,) = report.kernels
-    assert "b_panels=32" in kernel["kernel_ir"] and re.search(instruction, kernel["asm"])
+    (stats,) = [p["statistics"] for p in report.passes if p["name"] == "layout"]
+    assert stats["panel-width"] == 16 and "layout{panel-width=16}" in report.pipeline
+    assert "b_panels=16" in kernel["kernel_ir"] and re.search(instruction, kernel["asm"])
+
+
+@pytest.mark.parametrize("width", [16, 32])
+@pytest.mark.parametrize("rows", [1, 2, 5, 13])
+def test_either_panel_width_on_the_host(width, rows):
+    """Both widths run on any host; a block of few rows splits k among chains of accumulators
+    (k = 67: a remainder after the chains)."""
+    mlp = nn.Sequential(nn.Linear(67, 50), nn.ReLU(), nn.Linear(50, 7)).eval()
+    pipeline = f"verify,shape-infer,layout{{panel-width={width}}},fuse,schedule,plan-memory"
+    compiled = cuvil.compile(mlp, pipeline=pipeline)
+    x = torch.randn(rows, 67, dtype=torch.float64).float()
+    (stats,) = [p["statistics"] for p in cuvil.explain(mlp, x, pipeline=pipeline).passes if p["name"] == "layout"]
+    assert stats["panel-width"] == width
+    with torch.no_grad():
+        expected = copy.deepcopy(mlp).double()(x.double()).float()     # an fp64 reference
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)

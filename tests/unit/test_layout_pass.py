@@ -113,10 +113,10 @@ def test_single_conv_function_is_converted_but_min_convs_can_keep_it():
     x = torch.randn(1, 4, 8, 8)
     report = cuvil.explain(conv, x, pipeline="O3")
     assert layout_statistics(report)["converted"] == {"conv2d": 1}
-    report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2}", native=False)
+    report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2 panel-width=32}", native=False)
     assert layout_statistics(report) == {"converted": {}, "kept": {"conv2d": 1}, "weights-packed": 0,
-                                         "conv-panels": 0, "linears-packed": 0, "conversions-inserted": 0, "sunk": 0,
-                                         "cancelled": 0, "conversions-left": 0}
+                                         "conv-panels": 0, "linears-packed": 0, "panel-width": 32,
+                                         "conversions-inserted": 0, "sunk": 0, "cancelled": 0, "conversions-left": 0}
 
 
 def test_unknown_layout_is_a_verify_error_with_its_location():

@@ -131,17 +131,20 @@ class LinearOp(OpDef):
 PANEL_WIDTHS = (16, 32)     # columns per packed panel of a weight (codegen/panel_gemm.py)
 
 
-def panel_width(out: int) -> int:
+def panel_width(out: int, widest: int = 32) -> int:
     """The panel width for `out` output columns: one 16-wide panel for up to 16 (a stem
-    convolution, a classifier head), whose MR x 16 blocks waste no lanes; 32 otherwise (fewer
-    loads per multiply-add)."""
-    return 16 if out <= 16 else 32
+    convolution, a classifier head), whose MR x 16 blocks waste no lanes; `widest` otherwise: 32
+    where a target has 32 vector registers of 16 floats (fewer loads per multiply-add), 16 with 16
+    registers of 8 floats (AVX2: a 6 x 16 block of C fills 12 of them; a 32-wide panel leaves room
+    for 2 x 32, whose B panel no longer stays in L1: 15-18% slower measured on a Zen 3 core).
+    `Target.panel_width` says which."""
+    return 16 if out <= 16 else widest
 
 
-def pack_panels(weight):
-    """`[out, in]` -> `[ceil(out / P), in, P]` (P = `panel_width(out)`), zero-padded."""
+def pack_panels(weight, widest: int = 32):
+    """`[out, in]` -> `[ceil(out / P), in, P]` (P = `panel_width(out, widest)`), zero-padded."""
     out, inner = weight.shape
-    width = panel_width(out)
+    width = panel_width(out, widest)
     panels = -(-out // width)
     padded = weight.new_zeros(panels * width, inner)
     padded[:out] = weight
@@ -152,14 +155,14 @@ def unpack_panels(packed, out: int):
     return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:out]
 
 
-def pack_conv_panels(hwio, groups: int = 1):
+def pack_conv_panels(hwio, groups: int = 1, widest: int = 32):
     """An NHWC convolution's `[kh, kw, in/groups, out]` weight -> `[groups * ceil(out_g / P), kh, kw,
     in/groups, P]` (out_g = out / groups): per group, in order, the panels of its
     `[kh * kw * in/groups, out_g]` GEMM operand (`pack_panels`)."""
     kh, kw, cin_g, out = hwio.shape
     out_g = out // groups
-    width = panel_width(out_g)
-    return torch.cat([pack_panels(hwio[..., g * out_g:(g + 1) * out_g].reshape(kh * kw * cin_g, out_g).t())
+    width = panel_width(out_g, widest)
+    return torch.cat([pack_panels(hwio[..., g * out_g:(g + 1) * out_g].reshape(kh * kw * cin_g, out_g).t(), widest)
                       for g in range(groups)]).reshape(-1, kh, kw, cin_g, width)
 
 
