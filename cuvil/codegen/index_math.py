@@ -99,5 +99,14 @@ def index_min(*args):
     return sympy.Min(*args, evaluate=all(sympy.sympify(a).is_number for a in args))
 
 
+def tile_extent(tile: int, total, first):
+    """The extent of the tile starting at `first` of `total`: `tile` itself when a static total
+    is a multiple of it (a constant extent: a vectorised loop of known trip count), else
+    min(tile, total - first)."""
+    if isinstance(total, (int, sympy.Integer)) and int(total) % tile == 0:
+        return tile
+    return index_min(tile, total - first)
+
+
 def index_max(*args):
     return sympy.Max(*args, evaluate=all(sympy.sympify(a).is_number for a in args))

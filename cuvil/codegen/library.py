@@ -31,7 +31,7 @@ from ..ir.core import Operation
 from ..ir.ops.common import pair
 from ..ir.ops.nn import spatial_axes
 from ..ir.types import DType, norm_dim
-from .index_math import bounds, broadcast_index, floor_div, index_max, index_min, modulo
+from .index_math import bounds, broadcast_index, floor_div, index_max, index_min, modulo, tile_extent
 from .kernel_ir import TOPK_DTYPES, Buffer, BufRef, Const, Gemm, Index, Load, Store, TopK, compute_dtype
 from .scalar_ops import call, cast, const
 
@@ -353,8 +353,8 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
 
     def tile(p):
         t, c = _decompose(lw, p, [row_tiles, col_tiles])
-        count = index_min(ROW_TILE, rows - ROW_TILE * t) if row_tiles != 1 else rows
-        cols = index_min(width, n - width * c) if col_tiles != 1 else n
+        count = tile_extent(ROW_TILE, rows, ROW_TILE * t) if row_tiles != 1 else rows
+        cols = tile_extent(width, n, width * c) if col_tiles != 1 else n
         first, first_col = ROW_TILE * t, width * c
         b_offset = first_col * k if b_panels else first_col * ldb if trans_b else first_col
         lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k), BufRef(B, b_offset), count, cols, k,
@@ -598,7 +598,7 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None, epilogue: bo
     def tile(q):
         n, g, t = _decompose(lw, q, [N, groups, tiles])
         first = tile_rows * t
-        count = index_min(tile_rows, OH - first) if tiles != 1 else OH
+        count = tile_extent(tile_rows, OH, first) if tiles != 1 else OH
         body(q, n, g, first, count)
         if not epilogue:
             return
@@ -630,7 +630,7 @@ def sdpa(lw, op):
     def tile(p):
         b, t = _decompose(lw, p, [n_batch, tiles])
         first = ATTENTION_ROWS * t
-        rows = index_min(ATTENTION_ROWS, L - first) if tiles != 1 else L
+        rows = tile_extent(ATTENTION_ROWS, L, first) if tiles != 1 else L
         lw.emit(Gemm(BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E), BufRef(K, b * S * E),
                      rows, S, E, E, E, S, trans_b=True, alpha=scale))
         batch_idx = _decompose(lw, b, batch)

@@ -147,3 +147,18 @@ def test_either_panel_width_on_the_host(width, rows):
     with torch.no_grad():
         expected = copy.deepcopy(mlp).double()(x.double()).float()     # an fp64 reference
         torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+
+def test_even_tiles_have_constant_extents():
+    """Tiles that divide the output evenly get constant extents, so the epilogue loop after the
+    GEMM is a vector loop of known trip count (a `min(128, 256 - 128*p)` extent left the GELU
+    epilogue scalar); an uneven split keeps the `min`."""
+    even = nn.Sequential(nn.Linear(64, 256), nn.GELU()).eval()
+    kernel = cuvil.explain(even, torch.randn(128, 64)).kernels[0]["kernel_ir"]
+    assert "for e1 in 0..128 {" in kernel and "min(" not in kernel
+    assert re.search(r"\bvfmadd\w+ps\b", cuvil.explain(even, torch.randn(128, 64)).kernels[0]["asm"])
+    uneven = nn.Sequential(nn.Linear(64, 320), nn.GELU()).eval()
+    x = torch.randn(128, 64)
+    assert "min(128, -128*p + 320)" in cuvil.explain(uneven, x).kernels[0]["kernel_ir"]
+    with torch.no_grad():
+        torch.testing.assert_close(cuvil.compile(uneven)(x), uneven(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cuvil.compile(even)(x), even(x), rtol=1e-5, atol=1e-5)
