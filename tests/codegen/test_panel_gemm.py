@@ -162,3 +162,24 @@ def test_even_tiles_have_constant_extents():
     with torch.no_grad():
         torch.testing.assert_close(cuvil.compile(uneven)(x), uneven(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(cuvil.compile(even)(x), even(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((4, 128, 16), (4, 16, 128)), ((2, 3, 20, 5), (3, 5, 17)),
+                                             ((2, 1, 33, 7), (1, 4, 7, 40)), ((5, 16, 9), (5, 9, 16))])
+def test_a_product_of_computed_matrices_packs_panels_at_run_time(a_shape, b_shape):
+    """Batched products of two computed operands (broadcast batch dims, a partial last panel) pack
+    the right-hand side per batch entry and run the panel GEMM, against an fp64 reference."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(*a_shape, generator=g), torch.randn(*b_shape, generator=g)
+    fn = lambda a, b: torch.tanh(a) @ (b * 2.0)       # noqa: E731
+    kernels = "\n".join(k["kernel_ir"] for k in cuvil.explain(fn, a, b).kernels)
+    assert "b_panels=16" in kernels and "ldb=0" in kernels
+    expected = (torch.tanh(a.double()) @ (b.double() * 2.0)).float()
+    torch.testing.assert_close(cuvil.compile(fn)(a, b), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_product_with_few_rows_keeps_blas():
+    a, b = torch.randn(4, 8, 32), torch.randn(4, 32, 64)
+    kernels = "\n".join(k["kernel_ir"] for k in cuvil.explain(lambda a, b: a @ b, a, b).kernels)
+    assert "gemm" in kernels and "b_panels" not in kernels
+    torch.testing.assert_close(cuvil.compile(lambda a, b: a @ b)(a, b), a @ b, rtol=1e-5, atol=1e-5)
