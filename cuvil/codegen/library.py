@@ -669,20 +669,29 @@ def sdpa(lw, op):
     n_batch = norm_dim(sympy.Mul(*batch))
     scores = lw.scratch(DType.f32, [norm_dim(n_batch * tiles), ATTENTION_ROWS, S])
     Q, K, V = (lw.inputs[id(x)] for x in (q, k, v))
+    # K^T and V packed in panels per tile (the panel GEMM: no alpha, the scale goes into the logits)
+    k_panels = _runtime_panels(lw, n_batch * tiles, E, S) if _packs_at_run_time(L, S) else None
+    v_panels = _runtime_panels(lw, n_batch * tiles, S, Ev) if _packs_at_run_time(L, Ev) else None
 
     def tile(p):
         b, t = _decompose(lw, p, [n_batch, tiles])
         first = ATTENTION_ROWS * t
         rows = tile_extent(ATTENTION_ROWS, L, first) if tiles != 1 else L
-        lw.emit(Gemm(BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E), BufRef(K, b * S * E),
-                     rows, S, E, E, E, S, trans_b=True, alpha=scale))
         batch_idx = _decompose(lw, b, batch)
+        scores_at, q_at = BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E)
+        if k_panels is None:
+            lw.emit(Gemm(scores_at, q_at, BufRef(K, b * S * E), rows, S, E, E, E, S, trans_b=True, alpha=scale))
+        else:
+            kt = _pack(lw, k_panels, p, lambda e, j: Load(K, batch_idx + [j, e]), E, S)
+            lw.emit(Gemm(scores_at, q_at, kt, rows, S, E, E, 0, S, b_panels=RUNTIME_PANEL))
 
         def row(r):
             i = first + r
 
             def logit(j):
                 s = Load(scores, [p, r, j])
+                if k_panels is not None:
+                    s = call("mul", s, const(scale, DType.f32))
                 keep = None
                 if op.attrs["is_causal"]:
                     keep = call("le", Index(j), Index(i))
@@ -713,8 +722,12 @@ def sdpa(lw, op):
                          "inv")
             lw.loop("j", S, lambda j: lw.emit(Store(scores, [p, r, j], call("mul", Load(scores, [p, r, j]), inv))))
         lw.loop("r", rows, row)
-        lw.emit(Gemm(BufRef(T, (b * L + first) * Ev), BufRef(scores, p * ATTENTION_ROWS * S), BufRef(V, b * S * Ev),
-                     rows, Ev, S, S, Ev, Ev))
+        out_at = BufRef(T, (b * L + first) * Ev)
+        if v_panels is None:
+            lw.emit(Gemm(out_at, scores_at, BufRef(V, b * S * Ev), rows, Ev, S, S, Ev, Ev))
+        else:
+            vp = _pack(lw, v_panels, p, lambda s, j: Load(V, batch_idx + [s, j]), S, Ev)
+            lw.emit(Gemm(out_at, scores_at, vp, rows, Ev, S, S, 0, Ev, b_panels=RUNTIME_PANEL))
         _epilogue(lw, [(i, 1) for i in batch_idx] + [(first, rows), (0, Ev)])
     lw.loop("p", norm_dim(n_batch * tiles), tile, parallel=True)
 

@@ -1,4 +1,5 @@
 """A fully masked attention row attends to nothing: eager PyTorch gives zeros there, so must Cuvil."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -20,3 +21,25 @@ def test_fully_masked_rows_give_zeros_like_eager():
     assert torch.equal(expected[0, :, 1], torch.zeros(2, 8))
     got = cuvil.compile(Attention())(q, k, v, mask)
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("kind", ["plain", "bool", "float", "causal", "scale"])
+def test_attention_on_runtime_panels(kind):
+    """Static shapes of at least 16 query rows and keys: K^T and V are packed in panels per tile
+    and the panel GEMM runs both products, the scale applied to the logits (40 keys and 24 value
+    columns: partial last panels; 80 query rows: a partial second tile), against an fp64 reference."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(2, 3, 80, 20, generator=g), torch.randn(2, 3, 40, 20, generator=g), \
+        torch.randn(2, 3, 40, 24, generator=g)
+    masks = {"bool": torch.rand(2, 1, 80, 40, generator=g) > 0.3, "float": torch.randn(1, 3, 80, 40, generator=g)}
+    mask = masks.get(kind)
+    opts = {"is_causal": kind == "causal", "scale": 0.3 if kind == "scale" else None}
+
+    def fn(q, k, v, *m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m[0] if m else None, **opts)
+    args = (q, k, v) + ((mask,) if mask is not None else ())
+    kernels = "\n".join(kr["kernel_ir"] for kr in cuvil.explain(fn, *args).kernels)
+    assert kernels.count("b_panels=16") == 2
+    expected = fn(q.double(), k.double(), v.double(), *(m.double() if m.is_floating_point() else m
+                                                         for m in args[3:])).float()
+    torch.testing.assert_close(cuvil.compile(fn)(*args), expected, rtol=1e-5, atol=2e-6)
