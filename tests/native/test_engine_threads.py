@@ -152,11 +152,19 @@ def test_a_chunk_runs_where_the_same_chunk_of_the_step_before_ran(jitted, pool_t
                              Step("add", [3, 0, 2], [n], deps=[0], split=Split(0, 1, align=16))])
     exe = Executable(program, jitted[1], min_chunk_ns=1)
     a, b = torch.randn(n), torch.randn(n)
-    same = 0
-    for _ in range(40):
-        (out,), records = exe.profile(a, b)
-        where = {(r.step, r.chunk): r.thread for r in records}
-        assert sorted(where) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-        same += where[0, 0] == where[1, 0] and where[0, 1] == where[1, 1]
-    assert torch.equal(out, (a + b) + a)
-    assert same >= 32, f"chunks kept their worker in {same} of 40 calls"
+    # a busy machine can leave a worker not free at the step's start: up to three rounds of 40
+    # calls, one of which must keep both chunks on their workers in 32 (by chance, with two
+    # workers: 1 in 2 per call, so 32 of 40 about once in 10,000 rounds)
+    counts = []
+    for _ in range(3):
+        same = 0
+        for _ in range(40):
+            (out,), records = exe.profile(a, b)
+            where = {(r.step, r.chunk): r.thread for r in records}
+            assert sorted(where) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+            same += where[0, 0] == where[1, 0] and where[0, 1] == where[1, 1]
+        assert torch.equal(out, (a + b) + a)
+        counts.append(same)
+        if same >= 32:
+            break
+    assert max(counts) >= 32, f"chunks kept their worker in {counts} of 40 calls per round"
