@@ -1,11 +1,13 @@
-"""Compile and load times of the suite's batch-1 models: cold, from the object cache, and saved.
+"""Compile and load times of the suite's batch-1 models: cold, from the caches, and saved.
 
-Each model runs in a fresh process with an empty object cache:
-- cold: the first `compile_for` (torch.export, the passes, LLVM, loading);
-- object cache: a second `cuvil.compile` of the same model, whose kernels the cache holds
-  (torch.export and the passes run again; `import` is torch.export's share);
-- saved: `cuvil.load` of the file `compiled.save` wrote (no export, passes or LLVM), median of 5,
-  and its first call.
+Each model gets an empty cache folder and three fresh processes in turn:
+- cold: the first `compile_for` (torch.export, the passes, LLVM, loading); it writes the object
+  cache and the compiled-model cache;
+- from the model cache: the same compile in a second fresh process, which loads the cached
+  program (no torch.export, passes or LLVM), and its outputs must equal the cold compile's;
+- from the object cache: the same compile with `cache="objects"` (torch.export and the passes run
+  again, LLVM's objects come from the cache; `import` is torch.export's share);
+- saved: `cuvil.load` of the file `compiled.save` wrote, median of 5, and its first call.
 `make bench` runs it; results go to `compile_time.json` next to the suite's results.
 
     python -m benchmarks.compile_time [--out DIR] [CASE ...]
@@ -25,30 +27,41 @@ from statistics import median
 from .report import write_json
 
 CASES = ("mlp_b1", "cnn_b1", "block_s128", "bert_small_s128", "eltwise_4k")
+STAGES = ("cold", "again")
 
 
-def measure(case_name: str) -> dict:
-    """In this process (a fresh one): the three times of one suite case."""
+def _compile(model, inputs, **options) -> tuple[object, float]:
+    import cuvil
+    t = time.perf_counter()
+    compiled = cuvil.compile(model, **options)
+    compiled.compile_for(*inputs)
+    return compiled, time.perf_counter() - t
+
+
+def _same(a, b) -> bool:
+    import torch
+    la, lb = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+    return len(la) == len(lb) and all(torch.equal(x, y) for x, y in zip(la, lb))
+
+
+def measure(case_name: str, stage: str, folder: str) -> dict:
+    """In this process (a fresh one): one stage of one suite case. `folder` keeps what the cold
+    stage leaves for the next (its outputs and the saved model)."""
     import torch
 
     import cuvil
+    from cuvil.compiled import CachedVariant
     from .suite import CASES as SUITE
     torch.set_num_threads(1)
     built = SUITE[case_name].build()
-    t = time.perf_counter()
-    compiled = cuvil.compile(built.model)
-    compiled.compile_for(*built.inputs)
-    cold = time.perf_counter() - t
-    t = time.perf_counter()
-    again = cuvil.compile(built.model)
-    again.compile_for(*built.inputs)
-    warm = time.perf_counter() - t
-    phases = {p["name"]: p["time_s"] for p in again.report.phases}
-    loads, first_calls = [], []
-    with tempfile.TemporaryDirectory(prefix="cuvil-saved-") as folder:
+    outputs = Path(folder) / "outputs.pt"
+    if stage == "cold":
+        compiled, cold = _compile(built.model, built.inputs)
+        expected = compiled(*built.inputs)
+        torch.save(torch.utils._pytree.tree_leaves(expected), outputs)     # tensors only: a plain load reads them
         path = Path(folder) / f"{case_name}.cuvil"
         compiled.save(path)
-        saved_bytes = path.stat().st_size
+        loads, first_calls = [], []
         for _ in range(5):
             t = time.perf_counter()
             loaded = cuvil.load(path)
@@ -56,36 +69,44 @@ def measure(case_name: str) -> dict:
             out = loaded(*built.inputs)
             first_calls.append(time.perf_counter() - t1)
             loads.append(t1 - t)
-    expected = compiled(*built.inputs)
-    same = all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(out),
-                                                 torch.utils._pytree.tree_leaves(expected)))
-    return {"case": case_name, "cold_s": cold, "cache_s": warm, "cache_import_s": phases.get("import", 0.0),
-            "load_s": median(loads), "load_first_call_s": median(first_calls),
-            "saved_bytes": saved_bytes, "same_outputs": same}
+        return {"cold_s": cold, "load_s": median(loads), "load_first_call_s": median(first_calls),
+                "saved_bytes": path.stat().st_size, "same_outputs": _same(out, expected)}
+    expected = torch.load(outputs)
+    cached, from_models = _compile(built.model, built.inputs)
+    hit = all(isinstance(v, CachedVariant) for v in cached._variants)
+    objects, from_objects = _compile(built.model, built.inputs, cache="objects")
+    phases = {p["name"]: p["time_s"] for p in objects.report.phases}
+    return {"model_cache_s": from_models, "model_cache_hit": hit,
+            "model_cache_same_outputs": _same(cached(*built.inputs), expected),
+            "cache_s": from_objects, "cache_import_s": phases.get("import", 0.0)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--one", help=argparse.SUPPRESS)      # the child process: measure one case, print JSON
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)   # the child: CASE STAGE FOLDER, prints JSON
     ap.add_argument("cases", nargs="*", default=list(CASES))
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one)))
+        print(json.dumps(measure(*args.one)))
         return []
     rows = []
-    print(f"{'case':18s} {'cold':>8s} {'cache':>8s} {'(export)':>9s} {'load':>8s} {'1st call':>9s} {'file':>8s}")
+    print(f"{'case':18s} {'cold':>8s} {'model$':>8s} {'objects$':>9s} {'(export)':>9s} {'load':>8s} "
+          f"{'1st call':>9s} {'file':>8s}")
     for case in args.cases:
-        with tempfile.TemporaryDirectory(prefix="cuvil-compile-time-") as cache:
-            done = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--one", case],
-                                  env={**os.environ, "CUVIL_CACHE_DIR": cache}, capture_output=True, text=True,
-                                  check=True)
-        row = json.loads(done.stdout.strip().splitlines()[-1])
+        row = {"case": case}
+        with tempfile.TemporaryDirectory(prefix="cuvil-compile-time-") as folder:
+            for stage in STAGES:
+                done = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--one", case, stage, folder],
+                                      env={**os.environ, "CUVIL_CACHE_DIR": str(Path(folder) / "cache")},
+                                      capture_output=True, text=True, check=True)
+                row.update(json.loads(done.stdout.strip().splitlines()[-1]))
         rows.append(row)
-        print(f"{case:18s} {row['cold_s'] * 1e3:6.0f}ms {row['cache_s'] * 1e3:6.0f}ms "
-              f"{row['cache_import_s'] * 1e3:7.0f}ms {row['load_s'] * 1e3:6.1f}ms "
+        print(f"{case:18s} {row['cold_s'] * 1e3:6.0f}ms {row['model_cache_s'] * 1e3:6.1f}ms "
+              f"{row['cache_s'] * 1e3:7.0f}ms {row['cache_import_s'] * 1e3:7.0f}ms {row['load_s'] * 1e3:6.1f}ms "
               f"{row['load_first_call_s'] * 1e3:7.2f}ms {row['saved_bytes'] / 1e6:6.2f}MB"
-              + ("" if row["same_outputs"] else "  OUTPUTS DIFFER"))
+              + ("" if row["same_outputs"] and row["model_cache_same_outputs"] else "  OUTPUTS DIFFER")
+              + ("" if row["model_cache_hit"] else "  MODEL CACHE MISSED"))
     write_json({"rows": rows, "load_average": os.getloadavg()[0]}, args.out, "compile_time")
     return rows
 

@@ -43,7 +43,9 @@ from .compiler import Compilation, compile_module, paused_gc, pipeline_for, symb
 from .errors import CuvilError
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
+from .fingerprint import Unfingerprintable
 from .frontend.export import CuvilExportError, input_names
+from .model_cache import load_entry, model_key, store_entry
 from .passes import Pipeline
 from .report import CompileReport
 from .schedule import anchor_misses
@@ -53,6 +55,7 @@ from .runtime.exprs import evaluate, to_postfix
 
 BACKENDS = ("llvm",)
 FALLBACKS = ("error", "eager")
+CACHES = (True, "objects", False)       # the compiled-model cache and the object cache, the latter, neither
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class CompileOptions:
     ranges: dict | None = None            # {"batch": (1, 64)}
     threads: int | None = None            # the engine's thread pool size (process-wide)
     fallback: str = "error"               # "eager": run in PyTorch what Cuvil cannot compile
-    cache: bool = True                    # the on-disk object cache
+    cache: Any = True                     # True: object and compiled-model caches; "objects"; False
     max_recompiles: int = 8               # then calls no variant accepts run in eager PyTorch
 
     @staticmethod
@@ -89,6 +92,8 @@ class CompileOptions:
                              f"not {opts.fallback!r}")
         if opts.threads is not None and not (isinstance(opts.threads, int) and opts.threads >= 1):
             raise CuvilError(f"cuvil.compile: threads must be a positive int, not {opts.threads!r}")
+        if opts.cache not in CACHES:
+            raise CuvilError(f"cuvil.compile: cache must be one of {', '.join(map(repr, CACHES))}, not {opts.cache!r}")
         if not (isinstance(opts.max_recompiles, int) and opts.max_recompiles >= 0):
             raise CuvilError(f"cuvil.compile: max_recompiles must be an int >= 0, not {opts.max_recompiles!r}")
         grouping_for(opts.enable_fusion)   # a bad grouping or pipeline fails here, not at the first call
@@ -98,6 +103,11 @@ class CompileOptions:
     def passes(self) -> Pipeline:
         return pipeline_for(self.pipeline, self.disable_passes, self.enable_fusion, self.precision)
 
+    def code_options(self) -> dict:
+        """What the generated code depends on (the compiled-model cache's share of the options)."""
+        return {"backend": self.backend, "target": self.target, "enable_fusion": self.enable_fusion,
+                "passes": self.passes(), "precision": self.precision}
+
 
 def compile(target: Callable | None = None, /, **options) -> "CompiledModel | Callable[[Callable], CompiledModel]":
     """Compile a function or `nn.Module`; `@cuvil.compile` and `@cuvil.compile(option=...)` both work.
@@ -106,7 +116,8 @@ def compile(target: Callable | None = None, /, **options) -> "CompiledModel | Ca
     run), enable_fusion (True/False), pipeline ("O3"), disable_passes, precision ("fp32"; "bf16" or
     "fp16" give torch.autocast's numerics, rounding where it would compute in low precision), dynamic
     (`{"x": {0: "batch"}}` or one dict per positional input), ranges (`{"batch": (1, 64)}`),
-    threads, fallback ("error" or "eager"), cache, max_recompiles."""
+    threads, fallback ("error" or "eager"), cache (True: the compiled-model cache (cuvil/model_cache.py)
+    and the object cache; "objects": the object cache only; False: neither), max_recompiles."""
     opts = CompileOptions.of(options)
     if target is None:
         return lambda t: CompiledModel(t, opts)
@@ -407,12 +418,44 @@ class Variant:
                              f"it cannot run on this machine; compile with target='host' to run it")
         return self._call(tensors, symbols)
 
+    def profile(self, tensors, symbols: list[int]):
+        """Run once, recording every kernel call: (outputs, [StepTiming])."""
+        outputs, timings = self.native.executable.profile(*tensors)
+        return self.imported.unflatten(list(outputs)), timings
+
     @property
     def report(self) -> CompileReport:
         if not self._detailed:
             self.native.fill_report(self.compilation.report, self.sizes)
             self._detailed = True
         return self.compilation.report
+
+
+class CachedVariant:
+    """A variant loaded from the compiled-model cache (cuvil/model_cache.py). It runs the cached
+    program; what only a compile produces (the report, the torch.export capture, the native
+    model) comes from compiling the same call again, the first time one of them is asked for."""
+
+    def __init__(self, saved, compile_again: Callable[[], Variant]):
+        self.guard, self.fast, self._saved = saved.guard, saved.fast, saved
+        self._compile_again, self._full = compile_again, None
+
+    def run(self, tensors, symbols: list[int]):
+        return self._saved.call(tensors, symbols)
+
+    def profile(self, tensors, symbols: list[int]):
+        return self._saved.profile(tensors, symbols)
+
+    @property
+    def full(self) -> Variant:
+        if self._full is None:
+            self._full = self._compile_again()
+        return self._full
+
+    compilation = property(lambda self: self.full.compilation)
+    imported = property(lambda self: self.full.imported)
+    native = property(lambda self: self.full.native)
+    report = property(lambda self: self.full.report)
 
 
 class CompiledModel:
@@ -477,15 +520,18 @@ class CompiledModel:
     def save(self, path) -> None:
         """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,
         object code, packed weights and guards. Loading needs neither the model nor torch.export."""
-        runnable = [v for v in self._variants if v.native.kernels.objects]
+        runnable = [v.full if isinstance(v, CachedVariant) else v for v in self._variants
+                    if v.native.kernels.objects]
         if not runnable:
             raise CuvilError(f"{self._name()}: nothing compiled to save yet; call the model (or compile_for) first")
-        try:
-            signature = inspect.signature(self._forward())
-        except (TypeError, ValueError):
-            signature = None
         from .saved import save
-        save(path, runnable, signature)
+        save(path, runnable, self._saved_signature())
+
+    def _saved_signature(self) -> inspect.Signature | None:
+        try:
+            return inspect.signature(self._forward())
+        except (TypeError, ValueError):
+            return None
 
     def compile_for(self, *args, **kwargs) -> None:
         """Compile for a call like this one now, without running it (the first call would)."""
@@ -504,11 +550,11 @@ class CompiledModel:
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
-                outputs, timings = v.native.executable.profile(*hit[0])
+                outputs, timings = v.profile(*hit)
                 v.report.profile["run"] = [t._asdict() for t in timings]
                 v.report.profile["anchor_misses"] = [
                     {**vars(m), "over_us": m.over_us} for m in anchor_misses(timings, v.native.build.anchors_us)]
-                return v.imported.unflatten(list(outputs)), timings
+                return outputs, timings
         raise CuvilError(f"this call runs in eager PyTorch ({self._fallback_reason or 'no compiled variant'}); "
                          f"there is no native run to profile")
 
@@ -524,11 +570,15 @@ class CompiledModel:
     def report(self) -> CompileReport:
         """The CompileReport of the latest compilation (kernels, schedule and memory plan included)."""
         if self._report is None:
+            if self._variants:       # the latest came from the compiled-model cache
+                return self._variants[-1].report
             raise CuvilError("nothing compiled yet: the first call compiles")
-        for v in self._variants:
-            if v.compilation.report is self._report:
-                return v.report
-        return self._report
+        owner = self._variant_of(self._report)
+        return self._report if owner is None else owner.report
+
+    def _variant_of(self, report: CompileReport) -> Variant | None:
+        """The compiled (not cache-loaded) variant whose compilation made `report`."""
+        return next((v for v in self._variants if isinstance(v, Variant) and v.compilation.report is report), None)
 
     def explain_recompiles(self) -> list[str]:
         """Why each compilation after the first happened (and when calls went to eager PyTorch)."""
@@ -596,7 +646,7 @@ class CompiledModel:
                                         + (f" -> {action}" if action else ""))
             self._variants = (*self._variants, variant)
             self._fast = fast_paths(self._variants)
-            self._report = variant.compilation.report
+            self._report = variant.compilation.report if isinstance(variant, Variant) else None
             return variant
 
     def _fail(self, e: Exception) -> None:
@@ -607,7 +657,7 @@ class CompiledModel:
         self._on_fallback(reason)
         report = CompileReport(name=self._name(), phases=[{"name": "fallback", "time_s": 0.0, "fallback": "eager",
                                                            "reason": reason}])
-        if self._report is not None and not any(v.compilation.report is self._report for v in self._variants):
+        if self._report is not None and self._variant_of(self._report) is None:
             # keep what the failed compilation got to (its IR and passes)
             report = replace(self._report, phases=[*self._report.phases, *report.phases])
         self._report = report
@@ -630,8 +680,8 @@ class CompiledModel:
                 self._auto.setdefault(name, {})[m.axis] = dim
                 note["auto"].append((name, m.axis))
             elif m.kind == "range":
-                hint = guard.imported.symbols[m.symbol].hint or m.symbol
-                lo, hi = guard.imported.symbols[m.symbol].range
+                hint = guard.hints[m.symbol] or m.symbol
+                lo, hi = guard.ranges[guard.symbols.index(m.symbol)]
                 self._ranges[hint] = (min(lo, m.size), max(hi, m.size))
                 note["widened"].append((hint, self._ranges[hint]))
         return note
@@ -645,11 +695,16 @@ class CompiledModel:
         return ", ".join(parts)
 
     @paused_gc()
-    def _compile(self, args: tuple, kwargs: dict) -> Variant:
+    def _compile(self, args: tuple, kwargs: dict, model_cache: bool = True) -> Variant | CachedVariant:
         phases: list[dict] = []
         self._report = None
         example = _as_example(self._forward(), args, kwargs)
         hints = self._hints(example)
+        key = self._model_key(example, hints, phases) if model_cache else None
+        if key is not None:
+            cached = load_entry(key, args, kwargs)
+            if cached is not None:
+                return CachedVariant(cached, functools.partial(self._compile_again, args, kwargs))
         workers.prestart()      # the compile workers get LLVM ready while torch.export runs
         t = time.perf_counter()
         imported = import_model(self.target, _capture_example(self._forward(), example, hints), dynamic=hints or None,
@@ -668,7 +723,38 @@ class CompiledModel:
         self._report = compilation.report
         if compilation.error is not None:
             raise compilation.error
-        return Variant(imported, compilation, Guard.of(imported, leaves), sizes)
+        variant = Variant(imported, compilation, Guard.of(imported, leaves), sizes)
+        if key is not None and variant.native.executable is not None:
+            t = time.perf_counter()
+            why_not = store_entry(key, variant, self._saved_signature())
+            compilation.report.phases.append({"name": "model_cache_store", "time_s": time.perf_counter() - t,
+                                              **({"error": why_not} if why_not else {})})
+        return variant
+
+    def _model_key(self, example, hints: dict, phases: list[dict]) -> str | None:
+        """The compiled-model cache's key for this call, None when that cache is off or the model
+        cannot be fingerprinted (the reason is in the phases)."""
+        if self.options.cache is not True or self.options.target != "host":
+            return None
+        t = time.perf_counter()
+        try:
+            key = model_key(self.target, self.options.code_options(), _named(self._forward(), example), hints,
+                            self._ranges)
+        except (Unfingerprintable, RecursionError) as e:
+            phases.append({"name": "fingerprint", "time_s": time.perf_counter() - t,
+                           "error": f"not cached: {e}" if isinstance(e, Unfingerprintable) else "not cached: too deep"})
+            return None
+        phases.append({"name": "fingerprint", "time_s": time.perf_counter() - t})
+        return key
+
+    def _compile_again(self, args: tuple, kwargs: dict) -> Variant:
+        """The full compile of a call whose variant came from the compiled-model cache."""
+        with self._lock:
+            keep = self._report
+            try:
+                return self._compile(args, kwargs, model_cache=False)
+            finally:
+                self._report = keep
 
     def _hints(self, example) -> dict[str, dict[int, str]]:
         """Dynamic dims by parameter name: the user's (or the annotations'), plus automatic ones."""

@@ -127,8 +127,7 @@ class SavedModel:
     def profile(self, *args, **kwargs):
         """Run once, recording every kernel call: (outputs, [StepTiming]), as `CompiledModel.profile`."""
         variant, (tensors, symbols) = self._match(args, kwargs)
-        outputs, records = variant.call.run(tensors, symbols, True)
-        return outputs, [StepTiming(s, variant.step_names[s], c, t, b, e) for s, c, t, b, e in records]
+        return variant.profile(tensors, symbols)
 
     def _match(self, args: tuple, kwargs: dict):
         """The variant that accepts the call, and its (input tensors, symbol values)."""
@@ -154,6 +153,10 @@ class _SavedVariant:
         self.guard, self.call, self.step_names = guard, call, step_names
         self.fast = fast_path(guard, call)
         self._tracker = tracker       # keeps the linked code alive (the JIT module holds it too)
+
+    def profile(self, tensors, symbols: list[int]):
+        outputs, records = self.call.run(tensors, symbols, True)
+        return outputs, [StepTiming(s, self.step_names[s], c, t, b, e) for s, c, t, b, e in records]
 
 
 def load(path: str | os.PathLike, threads: int | None = None) -> SavedModel:

@@ -121,7 +121,9 @@ def compile_target(target: Target, pipeline: str, dynamic=None, run: bool = True
 
 
 def _compile_python(target: Target, pipeline: str, dynamic, machine: str) -> CellRun:
-    compiled = cuvil.compile(target.fn, pipeline=pipeline, dynamic=dynamic, ranges=target.ranges, target=machine)
+    # the explorer shows the capture and every pass, which a compiled-model cache hit would skip
+    compiled = cuvil.compile(target.fn, pipeline=pipeline, dynamic=dynamic, ranges=target.ranges, target=machine,
+                             cache="objects")
     with warnings.catch_warnings():   # torch.export's own deprecation notices are not the user's business
         warnings.simplefilter("ignore", FutureWarning)
         try:

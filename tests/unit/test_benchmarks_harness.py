@@ -177,12 +177,15 @@ def test_command_line_run_in_worker_processes(tmp_path, capsys):
     assert results["serving"] is None and "Not run" in (tmp_path / "quick.md").read_text()
 
 
-def test_compile_time_measures_a_saved_model_that_computes_the_same(tmp_path, monkeypatch):
+def test_compile_time_measures_saved_and_cached_models_that_compute_the_same(tmp_path, monkeypatch):
     from benchmarks.compile_time import measure
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
-    row = measure("eltwise_4k")
+    row = measure("eltwise_4k", "cold", str(tmp_path))
     assert row["same_outputs"] is True          # the loaded model's outputs equal the compiled model's, bit for bit
     assert row["saved_bytes"] > 0 and row["cold_s"] > 0 and row["load_s"] > 0
+    again = measure("eltwise_4k", "again", str(tmp_path))
+    assert again["model_cache_hit"] is True and again["model_cache_same_outputs"] is True
+    assert again["cache_import_s"] > 0          # cache="objects" ran torch.export
 
 
 def test_gemm_efficiency_measures_again_when_the_machine_changes_speed():

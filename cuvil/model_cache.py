@@ -1,0 +1,112 @@
+"""The compiled-model cache: a model compiled once is loaded, not compiled, by the next process.
+
+`cuvil.compile(model)` with `cache=True` (the default) looks up the call before torch.export runs:
+
+    key = SHA-256(Cuvil's code and native module, torch, llvmlite and LLVM, the host CPU,
+                  the compile options, the call's structure, dtypes and static sizes (dynamic
+                  dims by name, with their ranges), and the model's fingerprint)
+
+The model's fingerprint (`cuvil.fingerprint`) digests its code, attributes and weights. A hit
+loads the entry (a saved model, `cuvil/saved.py`: program, object code, packed weights, guard) in
+milliseconds; a miss compiles and writes one. An entry whose guard does not accept the call, or
+that cannot be read, is a miss (and is rewritten). What a hit lacks (the CompileReport, the
+torch.export capture) is compiled on demand when asked for.
+
+Entries live in `$CUVIL_CACHE_DIR/models` (default `~/.cache/cuvil/models`), one file per key,
+written atomically. `cache="objects"` keeps only the object cache (torch.export and the passes
+always run); `cache=False` neither.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import llvmlite
+import llvmlite.binding as llvm
+import torch
+import torch.utils._pytree as pytree
+
+from .codegen.cache import default_cache_dir
+from .codegen.target import Target
+from .errors import CuvilError
+from .fingerprint import Digest, Unfingerprintable, cuvil_digest
+
+FORMAT = "cuvil-model-cache 1"
+
+
+def cache_root() -> Path:
+    return default_cache_dir() / "models"
+
+
+def entry_path(key: str) -> Path:
+    return cache_root() / key[:2] / f"{key}.cuvil"
+
+
+def model_key(target, options: dict, inputs: dict, hints: dict, ranges: dict) -> str:
+    """The key of compiling `target` for a call with `inputs` (by parameter name) whose dynamic
+    dims are `hints` ({name: {axis: dim}}) in `ranges`; their sizes are not part of it. Raises
+    Unfingerprintable when the model reaches something the fingerprint cannot digest."""
+    d = Digest()
+    d.text(FORMAT)
+    for part in (f"cuvil {cuvil_digest()}", f"torch {torch.__version__}", f"llvmlite {llvmlite.__version__}",
+                 f"llvm {llvm.llvm_version_info}", f"python {sys.version}", Target.host().key(),
+                 f"default dtype {torch.get_default_dtype()}"):
+        d.text(part)
+    d.add(options, "the compile options")
+    d.text(json.dumps({"hints": {k: {str(a): n for a, n in v.items()} for k, v in sorted(hints.items())},
+                       "ranges": {k: list(v) for k, v in sorted(ranges.items())}}, sort_keys=True))
+    for name, value in inputs.items():
+        leaves, spec = pytree.tree_flatten(value)
+        d.text(f"input {name} {spec}")
+        dynamic = hints.get(name, {})
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor):
+                if x.device.type != "cpu" or x.layout is not torch.strided:
+                    raise Unfingerprintable(f"input {name} is a {x.layout} tensor on {x.device}")
+                shape = [dynamic.get(axis, n) for axis, n in enumerate(x.shape)]
+                d.text(f"{x.dtype} {shape} contiguous={x.is_contiguous()}")
+            else:
+                d.add(x, f"input {name}")
+    d.add(target, type(target).__name__)
+    return d.hexdigest()
+
+
+def load_entry(key: str, args: tuple, kwargs: dict):
+    """The cached variant for `key` if there is one that accepts the call (a `saved._SavedVariant`
+    and the call's match), else None. An entry that cannot be loaded is removed."""
+    from .saved import load
+    path = entry_path(key)
+    if not path.exists():
+        return None
+    try:
+        saved = load(path)
+    except CuvilError:
+        path.unlink(missing_ok=True)
+        return None
+    for v in saved.variants:
+        hit = v.guard.match(args, kwargs)
+        if hit is not None:
+            return v
+    return None
+
+
+def store_entry(key: str, variant, signature) -> str | None:
+    """Write `variant` under `key`; None, or why it was not stored."""
+    from .saved import save
+    path = entry_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save(path, [variant], signature)
+    except (CuvilError, OSError) as e:
+        return str(e)
+    return None
+
+
+def clear() -> int:
+    """Remove every entry of the compiled-model cache; how many were removed."""
+    n = 0
+    for path in cache_root().glob("*/*.cuvil"):
+        path.unlink(missing_ok=True)
+        n += 1
+    return n
