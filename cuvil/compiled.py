@@ -520,8 +520,8 @@ class CompiledModel:
     def save(self, path) -> None:
         """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,
         object code, packed weights and guards. Loading needs neither the model nor torch.export."""
-        runnable = [v.full if isinstance(v, CachedVariant) else v for v in self._variants
-                    if v.native.kernels.objects]
+        runnable = [v._saved if isinstance(v, CachedVariant) else v for v in self._variants
+                    if isinstance(v, CachedVariant) or v.native.kernels.objects]
         if not runnable:
             raise CuvilError(f"{self._name()}: nothing compiled to save yet; call the model (or compile_for) first")
         from .saved import save

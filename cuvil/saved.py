@@ -48,7 +48,8 @@ def save(path: str | os.PathLike, variants, signature: inspect.Signature | None)
     """Write `variants` (a CompiledModel's compiled variants) to `path`."""
     constants: list[torch.Tensor] = []
     objects: list[torch.Tensor] = []
-    states = [_variant_state(v, constants, objects) for v in variants]
+    states = [_loaded_state(v, constants, objects) if isinstance(v, _SavedVariant) else
+              _variant_state(v, constants, objects) for v in variants]
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "cuvil": __version__,
                 "signature": None if signature is None else
                 [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
@@ -95,6 +96,19 @@ def _variant_state(v, constants: list[torch.Tensor], objects: list[torch.Tensor]
         "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features,
                    "abiname": target.abiname},
     }
+
+
+def _loaded_state(v: "_SavedVariant", constants: list[torch.Tensor], objects: list[torch.Tensor]) -> dict:
+    """The state of a variant loaded from a file, its constants and objects renumbered for the new one."""
+    state, data = v.source
+    state = json.loads(json.dumps(state))
+    for slot in state["program"]["slots"]:
+        if slot["kind"] == "const":
+            slot["data"] = _constant_index(data["constants"][slot["data"]], constants)
+    first = len(objects)
+    objects += [data["objects"][i] for i in state["objects"]]
+    state["objects"] = list(range(first, len(objects)))
+    return state
 
 
 def _constant_index(t: torch.Tensor, constants: list[torch.Tensor]) -> int:
@@ -149,8 +163,9 @@ class SavedModel:
 
 
 class _SavedVariant:
-    def __init__(self, guard: Guard, call: NativeCall, step_names: list[str], tracker):
+    def __init__(self, guard: Guard, call: NativeCall, step_names: list[str], tracker, source: tuple[dict, dict]):
         self.guard, self.call, self.step_names = guard, call, step_names
+        self.source = source          # (its state in the file, the file's tensors): saving it again
         self.fast = fast_path(guard, call)
         self._tracker = tracker       # keeps the linked code alive (the JIT module holds it too)
 
@@ -203,7 +218,7 @@ def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:
                          f"defines the output type before loading") from None
     outputs = [(shape, getattr(torch, dtype)) for shape, dtype in state["outputs"]]
     return _SavedVariant(Guard.from_state(state["guard"]), NativeCall(engine, outputs, out_spec, state["symbolic"]),
-                         state["step_names"], tracker)
+                         state["step_names"], tracker, (state, data))
 
 
 def _dump_out_spec(spec: pytree.TreeSpec) -> dict:

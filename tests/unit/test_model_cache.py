@@ -264,14 +264,20 @@ def test_other_cache_settings_write_no_entry(cache_dir, cache):
         cuvil.compile(model, cache="yes")
 
 
-def test_a_model_from_the_cache_saves_and_loads(tmp_path):
+def test_a_model_from_the_cache_saves_and_loads_without_compiling(tmp_path, monkeypatch):
     torch.manual_seed(0)
-    model, x = Net().eval(), torch.randn(3, 24)
+    model, x, y = Net().eval(), torch.randn(3, 24), torch.randn(5, 24)
     compiled(model, x)
     c = compiled(model, x)
     assert kind(c) is CachedVariant
-    c.save(tmp_path / "m.cuvil")
-    assert torch.equal(cuvil.load(tmp_path / "m.cuvil")(x), c(x))
+    c(y)                    # a second variant, compiled (batch made dynamic)
+    assert c.num_variants == 2 and kind(c) is Variant
+    monkeypatch.setattr(cuvil.compiled, "import_model", lambda *a, **k: pytest.fail("torch.export ran"))
+    c.save(tmp_path / "m.cuvil")         # the cached variant is saved from its entry, not compiled again
+    loaded = cuvil.load(tmp_path / "m.cuvil")
+    assert len(loaded.variants) == 2
+    for inputs in (x, y):
+        assert torch.equal(loaded(inputs), c(inputs))
 
 
 def test_clear_removes_the_entries(cache_dir):
