@@ -740,9 +740,10 @@ class CompiledModel:
         try:
             key = model_key(self.target, self.options.code_options(), _named(self._forward(), example), hints,
                             self._ranges)
-        except (Unfingerprintable, RecursionError) as e:
-            phases.append({"name": "fingerprint", "time_s": time.perf_counter() - t,
-                           "error": f"not cached: {e}" if isinstance(e, Unfingerprintable) else "not cached: too deep"})
+        except Exception as e:      # the cache is an optimisation: whatever stops the digest, compile
+            reason = (str(e) if isinstance(e, Unfingerprintable) else "too deep" if isinstance(e, RecursionError)
+                      else f"{type(e).__name__} while digesting the model: {e}")
+            phases.append({"name": "fingerprint", "time_s": time.perf_counter() - t, "error": f"not cached: {reason}"})
             return None
         phases.append({"name": "fingerprint", "time_s": time.perf_counter() - t})
         return key

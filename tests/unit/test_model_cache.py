@@ -241,6 +241,24 @@ def test_a_model_the_fingerprint_cannot_digest_compiles_the_long_way(cache_dir):
     assert_eager(c, model, x)
 
 
+class Touchy:
+    """An attribute whose state cannot be read without an error."""
+
+    @property
+    def __dict__(self):
+        raise RuntimeError("do not touch")
+
+
+def test_an_error_while_digesting_compiles_the_long_way(cache_dir):
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 24)
+    model.touchy = Touchy()
+    c = compiled(model, x)
+    phase = next(p for p in c.report.phases if p["name"] == "fingerprint")
+    assert phase["error"] == "not cached: RuntimeError while digesting the model: do not touch"
+    assert_eager(c, model, x)
+
+
 def test_a_broken_entry_is_a_miss_and_is_rewritten(cache_dir):
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(3, 24)
