@@ -44,15 +44,13 @@ class Unfingerprintable(Exception):
     """The model reaches something whose contents cannot be digested: no cache for it."""
 
 
-def tensor_digest(t: torch.Tensor) -> str:
-    """dtype, shape, strides and the bytes of a dense CPU tensor."""
-    if t.device.type != "cpu" or t.layout is not torch.strided or t.is_quantized:
-        raise Unfingerprintable(f"a {t.layout} tensor on {t.device}")
-    t = t.detach()
-    h = hashlib.sha256(f"tensor {t.dtype} {tuple(t.shape)} {t.stride()}".encode())
-    data = t.contiguous()
-    if data.numel():
-        h.update(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+def contents_digest(tensors: list[torch.Tensor]) -> str:
+    """SHA-256 over the bytes of `tensors` in order."""
+    h = hashlib.sha256()
+    for t in tensors:
+        data = t.detach().contiguous()
+        if data.numel():
+            h.update(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
     return h.hexdigest()
 
 
@@ -115,17 +113,23 @@ def _defined_in(name: str | None) -> str | None:
 
 
 class Digest:
-    """A SHA-256 over the objects given to `add`, in order; `hexdigest()` at the end. `path` is
-    where the walk is, for the error that names what could not be digested."""
+    """A SHA-256 over the objects given to `add`, in order, in two parts: `structure()` (everything
+    but the bytes of tensors: their dtypes, shapes and strides are in it) and `tensors` (whose bytes
+    `contents_digest` hashes, apart, only when needed); `hexdigest()` is both.
+    `path` is where the walk is, for the error that names what could not be digested."""
 
     def __init__(self):
         self._parts: list[str] = []
+        self.tensors: list[torch.Tensor] = []
         self._seen: dict[int, int] = {}
         self._alive: list = []         # keeps every visited object alive: ids stay unique
         self.path: list = []          # attribute names and keys from the root to where the walk is
 
-    def hexdigest(self) -> str:
+    def structure(self) -> str:
         return hashlib.sha256("\0".join(self._parts).encode()).hexdigest()
+
+    def hexdigest(self) -> str:
+        return hashlib.sha256((self.structure() + contents_digest(self.tensors)).encode()).hexdigest()
 
     def text(self, s: str) -> None:
         self._parts.append(s)
@@ -158,7 +162,10 @@ class Digest:
         if len(self._seen) > MAX_OBJECTS:
             raise Unfingerprintable(f"more than {MAX_OBJECTS} objects")
         if isinstance(obj, torch.Tensor):
-            self.text(tensor_digest(obj))
+            if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.is_quantized:
+                raise Unfingerprintable(f"a {obj.layout} tensor on {obj.device}")
+            self.text(f"tensor {len(self.tensors)} {obj.dtype} {tuple(obj.shape)} {obj.stride()}")
+            self.tensors.append(obj)
         elif isinstance(obj, (tuple, list)):
             self.text(f"{type(obj).__qualname__} {len(obj)}")
             for i, x in enumerate(obj):

@@ -6,9 +6,11 @@
                   the compile options, the call's structure, dtypes and static sizes (dynamic
                   dims by name, with their ranges), and the model's fingerprint)
 
-The model's fingerprint (`cuvil.fingerprint`) digests its code, attributes and weights. A hit
-loads the entry (a saved model, `cuvil/saved.py`: program, object code, packed weights, guard) in
-milliseconds; a miss compiles and writes one. An entry whose guard does not accept the call, or
+The model's fingerprint (`cuvil.fingerprint`) digests its code, attributes and weights; the
+weights' bytes are checked against the entry rather than named in the key (`ModelKey`), so new
+weights for the same model rewrite its entry. A hit loads the entry (a saved model,
+`cuvil/saved.py`: program, object code, packed weights, guard) in milliseconds; a miss compiles
+and writes one. An entry whose guard does not accept the call, or
 that cannot be read, is a miss (and is rewritten). What a hit lacks (the CompileReport, the
 torch.export capture) is compiled on demand when asked for.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import llvmlite
@@ -30,7 +33,7 @@ import torch.utils._pytree as pytree
 from .codegen.cache import default_cache_dir
 from .codegen.target import Target
 from .errors import CuvilError
-from .fingerprint import Digest, Unfingerprintable, cuvil_digest
+from .fingerprint import Digest, Unfingerprintable, contents_digest, cuvil_digest
 
 FORMAT = "cuvil-model-cache 1"
 
@@ -43,7 +46,23 @@ def entry_path(key: str) -> Path:
     return cache_root() / key[:2] / f"{key}.cuvil"
 
 
-def model_key(target, options: dict, inputs: dict, hints: dict, ranges: dict) -> str:
+@dataclass
+class ModelKey:
+    """An entry's key in two parts: `name` (the digest of all but the bytes of the model's tensors)
+    names the entry's file; `weights()` (those bytes' digest) must equal the one the entry was
+    written with. A model whose weights change so keeps one entry, rewritten, not one per version,
+    and a lookup that finds no entry does not hash them."""
+    name: str
+    tensors: list[torch.Tensor]
+    _weights: str | None = None
+
+    def weights(self) -> str:
+        if self._weights is None:
+            self._weights = contents_digest(self.tensors)
+        return self._weights
+
+
+def model_key(target, options: dict, inputs: dict, hints: dict, ranges: dict) -> ModelKey:
     """The key of compiling `target` for a call with `inputs` (by parameter name) whose dynamic
     dims are `hints` ({name: {axis: dim}}) in `ranges`; their sizes are not part of it. Raises
     Unfingerprintable when the model reaches something the fingerprint cannot digest."""
@@ -69,20 +88,22 @@ def model_key(target, options: dict, inputs: dict, hints: dict, ranges: dict) ->
             else:
                 d.add(x, f"input {name}")
     d.add(target, type(target).__name__)
-    return d.hexdigest()
+    return ModelKey(d.structure(), d.tensors)
 
 
-def load_entry(key: str, args: tuple, kwargs: dict):
-    """The cached variant for `key` if there is one that accepts the call (a `saved._SavedVariant`
-    and the call's match), else None. An entry that cannot be loaded is removed."""
+def load_entry(key: ModelKey, args: tuple, kwargs: dict):
+    """The cached variant for `key` if there is one that accepts the call (a `saved._SavedVariant`),
+    else None. An entry that cannot be loaded is removed."""
     from .saved import load
-    path = entry_path(key)
+    path = entry_path(key.name)
     if not path.exists():
         return None
     try:
         saved = load(path)
     except CuvilError:
         path.unlink(missing_ok=True)
+        return None
+    if saved.extra.get("weights") != key.weights():     # other weights: the compile rewrites the entry
         return None
     for v in saved.variants:
         hit = v.guard.match(args, kwargs)
@@ -91,13 +112,13 @@ def load_entry(key: str, args: tuple, kwargs: dict):
     return None
 
 
-def store_entry(key: str, variant, signature) -> str | None:
+def store_entry(key: ModelKey, variant, signature) -> str | None:
     """Write `variant` under `key`; None, or why it was not stored."""
     from .saved import save
-    path = entry_path(key)
+    path = entry_path(key.name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save(path, [variant], signature)
+        save(path, [variant], signature, extra={"weights": key.weights()})
     except (CuvilError, OSError) as e:
         return str(e)
     return None

@@ -44,8 +44,9 @@ FORMAT_VERSION = 2    # 2: a variant's code may be several objects
 
 # ----------------------------------------------------------------------------- saving
 
-def save(path: str | os.PathLike, variants, signature: inspect.Signature | None) -> None:
-    """Write `variants` (a CompiledModel's compiled variants) to `path`."""
+def save(path: str | os.PathLike, variants, signature: inspect.Signature | None, extra: dict | None = None) -> None:
+    """Write `variants` (a CompiledModel's compiled variants) to `path`, with `extra` (JSON-able
+    data for the writer: the compiled-model cache's weights digest) in the manifest."""
     constants: list[torch.Tensor] = []
     objects: list[torch.Tensor] = []
     states = [_loaded_state(v, constants, objects) if isinstance(v, _SavedVariant) else
@@ -54,7 +55,7 @@ def save(path: str | os.PathLike, variants, signature: inspect.Signature | None)
                 "signature": None if signature is None else
                 [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
                  for p in signature.parameters.values()],
-                "variants": states}
+                "variants": states, "extra": extra or {}}
     # a new file replaces the old one: a model loaded from the old file maps its weights, and
     # rewriting that file in place would pull the pages from under it (SIGBUS on its next call)
     path = os.fspath(path)
@@ -126,8 +127,10 @@ class SavedModel:
     """A model loaded with `cuvil.load`: call it like the original. A call that no saved variant
     accepts raises, saying why (a saved model cannot recompile: it has no model to compile)."""
 
-    def __init__(self, path: str, variants: list["_SavedVariant"], signature: inspect.Signature | None):
+    def __init__(self, path: str, variants: list["_SavedVariant"], signature: inspect.Signature | None,
+                 extra: dict | None = None):
         self.path, self.variants, self._signature = path, variants, signature
+        self.extra = extra or {}
         self._fast = fast_paths(variants)
 
     def __call__(self, *args, **kwargs):
@@ -193,7 +196,7 @@ def load(path: str | os.PathLike, threads: int | None = None) -> SavedModel:
     if threads is not None:
         set_num_threads(threads)
     variants = [_load_variant(path, state, data) for state in manifest["variants"]]
-    return SavedModel(path, variants, _signature(manifest["signature"]))
+    return SavedModel(path, variants, _signature(manifest["signature"]), manifest.get("extra"))
 
 
 def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:

@@ -134,6 +134,19 @@ def test_a_change_to_the_model_or_the_call_misses(name, change):
     assert_eager(c, model, x)
 
 
+def test_new_weights_rewrite_the_entry(cache_dir):
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 24)
+    before = compiled(model, x)(x)
+    with torch.no_grad():
+        model.fc2.bias += 1.0
+    c = compiled(model, x)
+    assert kind(c) is Variant
+    torch.testing.assert_close(c(x), before + 0.5)       # the output is scaled by 0.5
+    assert len(list((cache_dir / "models").glob("*/*.cuvil"))) == 1   # one entry, rewritten
+    assert kind(compiled(model, x)) is CachedVariant
+
+
 def test_other_options_miss():
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(3, 24)
