@@ -6,8 +6,9 @@
     y = model(x)
 
 The file is torch.save's zip format, read with `torch.load(mmap=True, weights_only=True)`: the
-weights are mapped rather than read, and nothing in the file is unpickled as code. It holds, per
-compiled variant of the model:
+weights are mapped rather than read, and nothing in the file is unpickled as code. Two entries: a
+JSON manifest and one byte tensor, the blob, holding every constant and object (views of it at
+load). The manifest holds, per compiled variant of the model:
 - the engine's program as plain data (`Program.describe`): slots, steps, dependencies, splits and
   the arena size, every size a postfix expression over the dynamic dims;
 - the object code of its kernels, the symbol each kernel is exported as, and the library symbols
@@ -25,6 +26,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import math
 import os
 
 import torch
@@ -39,7 +41,9 @@ from .errors import CuvilError
 from .runtime import Kernel, StepTiming, load_module, set_num_threads
 
 FORMAT = "cuvil-saved-model"
-FORMAT_VERSION = 2    # 2: a variant's code may be several objects
+FORMAT_VERSION = 3    # 2: a variant's code may be several objects; 3: constants and objects in one blob
+READS = (2, 3)
+BLOB_ALIGN = 64       # each constant starts on a cache line of the blob
 
 
 # ----------------------------------------------------------------------------- saving
@@ -61,7 +65,8 @@ def save(path: str | os.PathLike, variants, signature: inspect.Signature | None,
     path = os.fspath(path)
     partial = f"{path}.{os.getpid()}.partial"
     try:
-        torch.save({"manifest": json.dumps(manifest), "constants": constants, "objects": objects}, partial)
+        blob, manifest["constants"], manifest["objects"] = _blob(constants, objects)
+        torch.save({"manifest": json.dumps(manifest), "blob": blob}, partial)
         os.replace(partial, path)
     except (OSError, RuntimeError) as e:      # torch.save reports a file it cannot open as a RuntimeError
         raise CuvilError(f"cannot write the saved model {path}: {e}") from None
@@ -110,6 +115,36 @@ def _loaded_state(v: "_SavedVariant", constants: list[torch.Tensor], objects: li
     objects += [data["objects"][i] for i in state["objects"]]
     state["objects"] = list(range(first, len(objects)))
     return state
+
+
+def _blob(constants: list[torch.Tensor], objects: list[torch.Tensor]) -> tuple[torch.Tensor, list, list]:
+    """Every constant and object in one byte tensor (one storage to map: loading BERT-small's 80
+    tensors apiece took more than half of its load), and where each is: [offset, dtype, shape] per
+    constant, [offset, bytes] per object."""
+    parts: list[torch.Tensor] = []
+    end = [0]
+
+    def place(t: torch.Tensor) -> int:
+        offset, data = end[0], t.detach().contiguous().reshape(-1).view(torch.uint8)
+        parts.extend([data, torch.zeros(-data.numel() % BLOB_ALIGN, dtype=torch.uint8)])
+        end[0] += data.numel() + parts[-1].numel()
+        return offset
+    constant_at = [[place(t), str(t.dtype).removeprefix("torch."), list(t.shape)] for t in constants]
+    object_at = [[place(t), t.numel()] for t in objects]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8), constant_at, object_at
+
+
+def _unblob(manifest: dict, data: dict) -> dict:
+    """The constants and objects of a loaded file, as views of its blob (version 3) or as saved."""
+    if manifest["version"] == 2:
+        return data
+    blob = data["blob"]
+    constants = []
+    for offset, dtype, shape in manifest["constants"]:
+        dtype = getattr(torch, dtype)
+        n = dtype.itemsize * math.prod(shape)
+        constants.append(blob[offset:offset + n].view(dtype).reshape(shape))
+    return {"constants": constants, "objects": [blob[o:o + n] for o, n in manifest["objects"]]}
 
 
 def _constant_index(t: torch.Tensor, constants: list[torch.Tensor]) -> int:
@@ -190,9 +225,11 @@ def load(path: str | os.PathLike, threads: int | None = None) -> SavedModel:
         raise CuvilError(f"{path}: not a saved Cuvil model ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     if manifest.get("format") != FORMAT:
         raise CuvilError(f"{path}: not a saved Cuvil model")
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READS:
         raise CuvilError(f"{path}: saved in format version {manifest.get('version')} (by Cuvil "
-                         f"{manifest.get('cuvil')}); this Cuvil ({__version__}) reads version {FORMAT_VERSION}")
+                         f"{manifest.get('cuvil')}); this Cuvil ({__version__}) reads versions "
+                         f"{', '.join(map(str, READS))}")
+    data = _unblob(manifest, data)
     if threads is not None:
         set_num_threads(threads)
     variants = [_load_variant(path, state, data) for state in manifest["variants"]]

@@ -153,6 +153,28 @@ def test_files_that_are_not_saved_models(tmp_path):
         cuvil.load(tmp_path / "future.cuvil")
 
 
+def test_a_file_of_the_previous_format_still_loads(tmp_path):
+    """Version 2 kept each constant and object as a tensor of its own; version 3 keeps them in one
+    blob. A version-2 file, made here from a version-3 one, loads and computes the same."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
+    x = torch.randn(2, 3, 8, 8)
+    compiled = cuvil.compile(model.eval())
+    compiled.compile_for(x)
+    compiled.save(tmp_path / "v3.cuvil")
+    data = torch.load(tmp_path / "v3.cuvil", weights_only=True)
+    manifest = json.loads(data["manifest"])
+    assert manifest["version"] == 3 and data["blob"].dtype == torch.uint8
+    blob = data["blob"]
+    constants = [blob[o:o + getattr(torch, d).itemsize * int(torch.tensor(s).prod())].view(getattr(torch, d)).reshape(s)
+                 .clone() for o, d, s in manifest.pop("constants")]
+    objects = [blob[o:o + n].clone() for o, n in manifest.pop("objects")]
+    manifest["version"] = 2
+    torch.save({"manifest": json.dumps(manifest), "constants": constants, "objects": objects}, tmp_path / "v2.cuvil")
+    assert torch.equal(cuvil.load(tmp_path / "v2.cuvil")(x), compiled(x))
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_code_for_another_architecture_saves_but_loads_only_there(tmp_path):
     compiled = cuvil.compile(lambda x: torch.relu(x) * 2, target="aarch64")
     with pytest.raises(cuvil.CuvilError, match="cannot run on this machine"):
