@@ -45,7 +45,7 @@ from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
 from .frontend.export import CuvilExportError, input_names
-from .model_cache import load_entry, model_key, store_entry
+from .model_cache import ModelKey, load_entry, model_key, store_entry
 from .passes import Pipeline
 from .report import CompileReport
 from .schedule import anchor_misses
@@ -55,7 +55,7 @@ from .runtime.exprs import evaluate, to_postfix
 
 BACKENDS = ("llvm",)
 FALLBACKS = ("error", "eager")
-CACHES = (True, "objects", False)       # the compiled-model cache and the object cache, the latter, neither
+CACHES = (True, "objects", False)       # both caches (compiled models and objects), the object cache only, neither
 
 
 @dataclass(frozen=True)
@@ -731,7 +731,7 @@ class CompiledModel:
                                               **({"error": why_not} if why_not else {})})
         return variant
 
-    def _model_key(self, example, hints: dict, phases: list[dict]) -> str | None:
+    def _model_key(self, example, hints: dict, phases: list[dict]) -> ModelKey | None:
         """The compiled-model cache's key for this call, None when that cache is off or the model
         cannot be fingerprinted (the reason is in the phases)."""
         if self.options.cache is not True or self.options.target != "host":
