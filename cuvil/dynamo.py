@@ -32,7 +32,9 @@ def cuvil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], optio
 
     The graph compiles at its first call, not here: torch.export inside Dynamo's own compilation
     corrupts the guards Dynamo is building."""
-    options = {"fallback": "eager", **(options or {}), **kwargs}
+    # the object cache only: a compiled-model cache key would have to digest Dynamo's FX graph,
+    # nodes, metadata and fake tensors, at every compile Dynamo asks for
+    options = {"fallback": "eager", "cache": "objects", **(options or {}), **kwargs}
     CompileOptions.of(options)
     try:
         graph = GraphFunction(gm)

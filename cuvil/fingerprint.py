@@ -162,6 +162,8 @@ class Digest:
         if len(self._seen) > MAX_OBJECTS:
             raise Unfingerprintable(f"more than {MAX_OBJECTS} objects")
         if isinstance(obj, torch.Tensor):
+            if type(obj) not in _DENSE:      # fake, functional and other subclasses hold no bytes to read
+                raise Unfingerprintable(f"a {type(obj).__name__}")
             if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.is_quantized:
                 raise Unfingerprintable(f"a {obj.layout} tensor on {obj.device}")
             self.text(f"tensor {len(self.tensors)} {obj.dtype} {tuple(obj.shape)} {obj.stride()}")
@@ -280,6 +282,7 @@ class Digest:
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
+_DENSE = (torch.Tensor, torch.nn.Parameter)
 _CONTAINER_TYPES = {tuple, list, dict, set, frozenset, collections.OrderedDict}
 
 

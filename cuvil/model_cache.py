@@ -103,7 +103,10 @@ def load_entry(key: ModelKey, args: tuple, kwargs: dict):
     except CuvilError:
         path.unlink(missing_ok=True)
         return None
-    if saved.extra.get("weights") != key.weights():     # other weights: the compile rewrites the entry
+    try:
+        if saved.extra.get("weights") != key.weights():     # other weights: the compile rewrites the entry
+            return None
+    except Exception:         # bytes that cannot be read (a tensor view torch will not reinterpret)
         return None
     for v in saved.variants:
         hit = v.guard.match(args, kwargs)
@@ -119,8 +122,8 @@ def store_entry(key: ModelKey, variant, signature) -> str | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         save(path, [variant], signature, extra={"weights": key.weights()})
-    except (CuvilError, OSError) as e:
-        return str(e)
+    except Exception as e:    # the compile succeeded: a cache that cannot take it is no reason to fail
+        return f"{type(e).__name__}: {e}"
     return None
 
 

@@ -354,6 +354,11 @@ def test_digest_reads_user_code_but_not_installed_code():
     with pytest.raises(Unfingerprintable, match=r"a torch.strided tensor on meta \(at \[0\]\['x'\]\)"):
         digest([{"x": torch.empty(1, device="meta")}])
 
+    class Tagged(torch.Tensor):
+        pass
+    with pytest.raises(Unfingerprintable, match=r"a Tagged \(at \[1\]\)"):      # a subclass's bytes are its own
+        digest([torch.zeros(2), torch.zeros(2).as_subclass(Tagged)])
+
 
 def _parts(obj) -> list[str]:
     d = Digest()
