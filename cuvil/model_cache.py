@@ -15,12 +15,14 @@ that cannot be read, is a miss (and is rewritten). What a hit lacks (the Compile
 torch.export capture) is compiled on demand when asked for.
 
 Entries live in `$CUVIL_CACHE_DIR/models` (default `~/.cache/cuvil/models`), one file per key,
-written atomically. `cache="objects"` keeps only the object cache (torch.export and the passes
+written atomically; a model whose tensors pass `$CUVIL_MODEL_CACHE_MAX_GIB` (2 by default) is not
+written, since its entry would copy them. `cache="objects"` keeps only the object cache (torch.export and the passes
 always run); `cache=False` neither.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,17 @@ from .errors import CuvilError
 from .fingerprint import Digest, Unfingerprintable, contents_digest, cuvil_digest
 
 FORMAT = "cuvil-model-cache 1"
+
+
+MAX_ENTRY_ENV = "CUVIL_MODEL_CACHE_MAX_GIB"
+DEFAULT_MAX_ENTRY_GIB = 2.0     # an entry is a copy of the (packed) weights: big models are not copied by default
+
+
+def max_entry_bytes() -> float:
+    try:
+        return float(os.environ.get(MAX_ENTRY_ENV, DEFAULT_MAX_ENTRY_GIB)) * 2**30
+    except ValueError:
+        return DEFAULT_MAX_ENTRY_GIB * 2**30
 
 
 def cache_root() -> Path:
@@ -96,12 +109,14 @@ def load_entry(key: ModelKey, args: tuple, kwargs: dict):
     else None. An entry that cannot be loaded is removed."""
     from .saved import load
     path = entry_path(key.name)
-    if not path.exists():
-        return None
     try:
+        if not path.exists():
+            return None
         saved = load(path)
     except CuvilError:
         path.unlink(missing_ok=True)
+        return None
+    except OSError:           # a cache folder this process may not read: no cache
         return None
     try:
         if saved.extra.get("weights") != key.weights():     # other weights: the compile rewrites the entry
@@ -119,6 +134,10 @@ def store_entry(key: ModelKey, variant, signature) -> str | None:
     """Write `variant` under `key`; None, or why it was not stored."""
     from .saved import save
     path = entry_path(key.name)
+    size, limit = sum(t.nbytes for t in key.tensors), max_entry_bytes()
+    if size > limit:
+        return (f"not stored: the model's {size / 2**30:.2f} GiB of tensors are over the limit of "
+                f"{limit / 2**30:.2f} GiB an entry (${MAX_ENTRY_ENV})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         save(path, [variant], signature, extra={"weights": key.weights()})

@@ -284,6 +284,17 @@ def test_a_broken_entry_is_a_miss_and_is_rewritten(cache_dir):
     assert kind(compiled(model, x)) is CachedVariant
 
 
+def test_a_model_over_the_size_limit_is_not_stored(cache_dir, monkeypatch):
+    monkeypatch.setenv("CUVIL_MODEL_CACHE_MAX_GIB", str(1000 / 2**30))     # 1000 bytes
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 24)
+    c = compiled(model, x)
+    phase = next(p for p in c.report.phases if p["name"] == "model_cache_store")
+    assert "GiB of tensors are over the limit" in phase["error"] and "CUVIL_MODEL_CACHE_MAX_GIB" in phase["error"]
+    assert not list((cache_dir / "models").glob("*/*.cuvil"))
+    assert_eager(c, model, x)
+
+
 @pytest.mark.parametrize("cache", ["objects", False])
 def test_other_cache_settings_write_no_entry(cache_dir, cache):
     torch.manual_seed(0)
