@@ -50,7 +50,6 @@ def measure(case_name: str, stage: str, folder: str) -> dict:
     import torch
 
     import cuvil
-    from cuvil.compiled import CachedVariant
     from .suite import CASES as SUITE
     torch.set_num_threads(1)
     built = SUITE[case_name].build()
@@ -73,7 +72,7 @@ def measure(case_name: str, stage: str, folder: str) -> dict:
                 "saved_bytes": path.stat().st_size, "same_outputs": _same(out, expected)}
     expected = torch.load(outputs)
     cached, from_models = _compile(built.model, built.inputs)
-    hit = all(isinstance(v, CachedVariant) for v in cached._variants)
+    hit = cached.from_model_cache
     objects, from_objects = _compile(built.model, built.inputs, cache="objects")
     phases = {p["name"]: p["time_s"] for p in objects.report.phases}
     return {"model_cache_s": from_models, "model_cache_hit": hit,

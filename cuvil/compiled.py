@@ -594,6 +594,11 @@ class CompiledModel:
         return len(self._variants)
 
     @property
+    def from_model_cache(self) -> bool:
+        """Whether the latest variant was loaded from the compiled-model cache (not compiled)."""
+        return bool(self._variants) and isinstance(self._variants[-1], CachedVariant)
+
+    @property
     def threads(self) -> int:
         return get_num_threads()
 

@@ -66,7 +66,7 @@ def test_a_second_compile_loads_the_cached_program(cache_dir, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(cuvil.compiled, "import_model", refuse)
         again = compiled(model, x)
-        assert kind(again) is CachedVariant
+        assert kind(again) is CachedVariant and again.from_model_cache and not first.from_model_cache
         assert torch.equal(again(x), first(x))
         assert_eager(again, model, x)
     # what a hit lacks is compiled on demand: the report (with kernels) and the capture
