@@ -731,7 +731,7 @@ class CompiledModel:
         variant = Variant(imported, compilation, Guard.of(imported, leaves), sizes)
         if key is not None and variant.native.executable is not None:
             t = time.perf_counter()
-            why_not = store_entry(key, variant, self._saved_signature())
+            why_not = store_entry(key, variant, self._saved_signature(), self._name())
             compilation.report.phases.append({"name": "model_cache_store", "time_s": time.perf_counter() - t,
                                               **({"error": why_not} if why_not else {})})
         return variant

@@ -130,8 +130,8 @@ def load_entry(key: ModelKey, args: tuple, kwargs: dict):
     return None
 
 
-def store_entry(key: ModelKey, variant, signature) -> str | None:
-    """Write `variant` under `key`; None, or why it was not stored."""
+def store_entry(key: ModelKey, variant, signature, model: str) -> str | None:
+    """Write `variant` (of the model named `model`) under `key`; None, or why it was not stored."""
     from .saved import save
     path = entry_path(key.name)
     size, limit = sum(t.nbytes for t in key.tensors), max_entry_bytes()
@@ -140,10 +140,31 @@ def store_entry(key: ModelKey, variant, signature) -> str | None:
                 f"{limit / 2**30:.2f} GiB an entry (${MAX_ENTRY_ENV})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save(path, [variant], signature, extra={"weights": key.weights()})
+        save(path, [variant], signature, extra={"weights": key.weights(), "model": model})
     except Exception as e:    # the compile succeeded: a cache that cannot take it is no reason to fail
         return f"{type(e).__name__}: {e}"
     return None
+
+
+@dataclass
+class Entry:
+    path: Path
+    bytes: int
+    written: float              # the file's modification time
+    model: str                  # the class or function name it was compiled from
+
+
+def entries() -> list[Entry]:
+    """The cache's entries, the most recently written first."""
+    out = []
+    for path in cache_root().glob("*/*.cuvil"):
+        try:
+            st = path.stat()
+            manifest = json.loads(torch.load(path, mmap=True, weights_only=True)["manifest"])
+        except Exception:     # being replaced, or not an entry: listed without its model
+            manifest = {}
+        out.append(Entry(path, st.st_size, st.st_mtime, manifest.get("extra", {}).get("model", "?")))
+    return sorted(out, key=lambda e: -e.written)
 
 
 def clear() -> int:
@@ -153,3 +174,4 @@ def clear() -> int:
         path.unlink(missing_ok=True)
         n += 1
     return n
+

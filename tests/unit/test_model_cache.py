@@ -20,6 +20,7 @@ import cuvil.compiled
 from cuvil import model_cache
 from cuvil.compiled import CachedVariant, Variant
 from cuvil.fingerprint import Digest, Unfingerprintable
+from cuvil.tools import cuvil_cache
 
 
 @pytest.fixture(autouse=True)
@@ -322,11 +323,19 @@ def test_a_model_from_the_cache_saves_and_loads_without_compiling(tmp_path, monk
         assert torch.equal(loaded(inputs), c(inputs))
 
 
-def test_clear_removes_the_entries(cache_dir):
+def test_the_entries_are_listed_and_cleared(cache_dir, capsys):
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(3, 24)
     compiled(model, x)
-    assert model_cache.clear() == 1
+    compiled(lambda x: x * 2, x)
+    listed = model_cache.entries()
+    assert sorted(e.model for e in listed) == ["<lambda>", "Net"] and all(e.bytes > 0 for e in listed)
+    cuvil_cache.main([])
+    out = capsys.readouterr().out
+    assert "Net" in out and "2 entries" in out
+    cuvil_cache.main(["--clear"])
+    assert "removed 2 entries" in capsys.readouterr().out
+    assert model_cache.entries() == []
     assert kind(compiled(model, x)) is Variant
 
 
