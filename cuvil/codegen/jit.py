@@ -1,10 +1,10 @@
-"""Compile kernels: one LLVM module per model, O3 for the target, object cache, ORC JIT.
+"""Compile kernels: an LLVM module per distinct kernel, O3 for the target, object cache, ORC JIT.
 
 `compile_kernels(kernels)` returns a `CompiledKernels` holding each kernel's address (kernels
 with the same structure share one function: the symbol is a hash of `kernel_identity`),
 the time of each phase, and, on request, the kernel IR, optimised LLVM IR and assembly per kernel,
 and where in them each graph op's code is (`op_lines`, read from the debug locations).
-The object is loaded into the process-wide ORC LLJIT as its own library, linked only against the
+The objects are loaded into the process-wide ORC LLJIT as one library, linked only against the
 BLAS GEMM and libc's memset/memcpy/memmove (which LLVM may emit for fill and copy loops); the code
 stays loaded as long as the `CompiledKernels` object lives.
 """
@@ -23,7 +23,7 @@ import llvmlite.binding as llvm
 
 from .. import _native
 from ..errors import CuvilError
-from .cache import CacheEntry, ObjectCache, cache_key
+from .cache import CacheEntry, ObjectCache, cache_key, unit_key
 from .kernel_ir import Kernel, verify_kernel
 from .kernel_text import LineMap, print_kernel
 from . import llvm_compile, workers
@@ -266,7 +266,8 @@ DISK_CACHE = "disk"
 
 def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | str | None = DISK_CACHE,
                     opt_level: int = 3, timings: dict[str, float] | None = None) -> CompiledKernels:
-    """Compile kernels into one object and (for the host target) load it.
+    """Compile kernels into objects (one per LLVM module: `build_units`) and, for the host target,
+    load them.
 
     `cache`: the on-disk cache in `$CUVIL_CACHE_DIR` by default, an `ObjectCache`, or None for
     none. `timings` may already hold earlier phases (e.g. lowering); this call's are added."""
@@ -291,7 +292,7 @@ def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | 
     hit = entry is not None
     timings["cache_lookup"] = time.perf_counter() - t
     if not hit:
-        entry = _compile_objects(kernels, symbols, lines, target, opt_level, timings)
+        entry = _compile_objects(kernels, symbols, lines, target, opt_level, timings, cache)
         if cache is not None:
             try:
                 cache.store(key, entry)
@@ -354,13 +355,28 @@ def tasks(units: list[str]) -> list[list[str]]:
     return out
 
 
-def _compile_objects(kernels, symbols, lines, target: Target, opt_level: int, timings: dict) -> CacheEntry:
-    """LLVM over the kernels: in this process, and, when the model is big enough to gain from it,
-    in the compile workers that are ready, each process taking the next task as it frees up.
-    One object per task."""
+def _compile_objects(kernels, symbols, lines, target: Target, opt_level: int, timings: dict,
+                     cache: ObjectCache | None) -> CacheEntry:
+    """LLVM over the modules of the kernels that the object cache does not have already: in this
+    process, and, when they are big enough to gain from it, in the compile workers that are
+    ready, each process taking the next task as it frees up. One object per module."""
     t = time.perf_counter()
     units = build_units(kernels, symbols, target, lines)
+    keys = [unit_key(u, target, opt_level) for u in units]
+    done = dict(zip(units, map(cache.load_unit, keys))) if cache is not None else {}
+    todo = [u for u in units if done.get(u) is None]
+    if cache is not None:
+        cache.units_reused += len(units) - len(todo)
     timings["llvm_ir"] = time.perf_counter() - t
+    if todo:
+        done.update(_compile_units(todo, target, opt_level, timings))
+        if cache is not None:
+            _store_units(cache, {k: done[u] for u, k in zip(units, keys) if u in todo})
+    return CacheEntry([done[u][0] for u in units], [done[u][1] for u in units], keys)
+
+
+def _compile_units(units: list[str], target: Target, opt_level: int, timings: dict) -> dict[str, tuple[bytes, str]]:
+    """Module text -> (object, optimised text)."""
     pool = workers.pool()
     helpers = pool.borrow(len(units) - 1) if sum(u.count("\n") for u in units) >= PARALLEL_MIN_LINES else []
     todo = tasks(units) if helpers else [units]
@@ -407,7 +423,15 @@ def _compile_objects(kernels, symbols, lines, target: Target, opt_level: int, ti
     failed = next((a for a in answers if isinstance(a, CuvilError)), None)
     if failed is not None:
         raise failed
-    return CacheEntry([a["obj"] for a in answers], [a["ir"] for a in answers])
+    return {u: (obj, ir) for task, a in zip(todo, answers) for u, obj, ir in zip(task, a["objects"], a["ir"])}
+
+
+def _store_units(cache: ObjectCache, units: dict[str, tuple[bytes, str]]) -> None:
+    try:
+        for key, (obj, ir) in units.items():
+            cache.store_unit(key, obj, ir)
+    except OSError as e:
+        warnings.warn(f"cuvil: could not write the object cache at {cache.root}: {e}")
 
 
 def _load(result: CompiledKernels) -> None:

@@ -7,7 +7,7 @@ behind one process-wide lock, so the cores of one process cannot share the work.
 
 Worker protocol, on the worker's stdin and stdout: the worker writes READY once LLVM is
 initialised; then each request is a length-prefixed pickle of `compile_texts`'s arguments as a
-dict, and each answer a length-prefixed pickle of {"obj", "ir", "timings"} or {"error"}.
+dict, and each answer a length-prefixed pickle of {"objects", "ir", "timings"} or {"error"}.
 """
 from __future__ import annotations
 
@@ -72,30 +72,33 @@ def codegen_options(arch: str):
         llvm.set_option("cuvil", "-disable-lsr=false")
 
 
-def link_texts(texts: list[str]) -> llvm.ModuleRef:
-    """Parse and verify each textual module and link them into the first."""
-    mods = [llvm.parse_assembly(t) for t in texts]
-    for m in mods:
-        m.verify()
-    for m in mods[1:]:
-        mods[0].link_in(m)
-    return mods[0]
+def parse(text: str) -> llvm.ModuleRef:
+    mod = llvm.parse_assembly(text)
+    mod.verify()
+    return mod
 
 
 def compile_texts(texts: list[str], triple: str, cpu: str, features: str, abiname: str, opt: int) -> dict:
-    """Link the modules, optimise at `opt` and generate code: {"obj", "ir" (the optimised module's
-    text), "timings" (parse, optimize, codegen: seconds)}."""
-    t0 = time.perf_counter()
+    """Each module on its own (so that each object can be cached by its module's text), optimised at
+    `opt`, as object code: {"objects", "ir" (each optimised module's text), "timings" (parse,
+    optimize, codegen: seconds)}."""
     tm = target_machine(triple, cpu, features, abiname, opt)
-    mod = link_texts(texts)
-    mod.triple = triple
-    mod.data_layout = str(tm.target_data)
-    t1 = time.perf_counter()
-    optimize(mod, tm, opt)
-    t2 = time.perf_counter()
-    obj = emit(mod, tm, triple.split("-")[0])
-    t3 = time.perf_counter()
-    return {"obj": obj, "ir": str(mod), "timings": {"parse": t1 - t0, "optimize": t2 - t1, "codegen": t3 - t2}}
+    timings = {"parse": 0.0, "optimize": 0.0, "codegen": 0.0}
+    objects, irs = [], []
+    for text in texts:
+        t0 = time.perf_counter()
+        mod = parse(text)
+        mod.triple = triple
+        mod.data_layout = str(tm.target_data)
+        t1 = time.perf_counter()
+        optimize(mod, tm, opt)
+        t2 = time.perf_counter()
+        objects.append(emit(mod, tm, triple.split("-")[0]))
+        t3 = time.perf_counter()
+        irs.append(str(mod))
+        for phase, seconds in zip(timings, (t1 - t0, t2 - t1, t3 - t2)):
+            timings[phase] += seconds
+    return {"objects": objects, "ir": irs, "timings": timings}
 
 
 def write_message(stream, message) -> None:

@@ -63,6 +63,63 @@ def test_cache_hit_skips_llvm_and_runs(tmp_path, monkeypatch):
     assert "@cuvil_k_" in second.llvm_ir("renamed")         # the IR text comes from the cache too
 
 
+def test_a_model_that_misses_compiles_only_the_modules_the_cache_lacks(tmp_path, monkeypatch):
+    cache = ObjectCache(tmp_path)
+    compile_kernels(parse_kernels(ADD_RELU + TOTAL), cache=cache)
+    compiled = []
+    real = jit_module.llvm_compile.compile_texts
+
+    def spy(**task):
+        compiled.extend(task["texts"])
+        return real(**task)
+    monkeypatch.setattr(jit_module.llvm_compile, "compile_texts", spy)
+    abs_sum = TOTAL.replace("mul(%x[i], %x[i])", "abs(%x[i])")
+    second = compile_kernels(parse_kernels(ADD_RELU + abs_sum), cache=cache)
+    assert not second.cache_hit and cache.units_reused == 1
+    [text] = compiled                                        # only the new kernel's module went to LLVM
+    assert second.symbols["total"] in text and second.symbols["add_relu"] not in text
+    a, b, x = torch.randn(3, 512), torch.randn(512), torch.randn(1000)
+    out, total = torch.empty(3, 512), torch.empty(1)
+    call_kernel(second, "add_relu", [a, b, out], {"s0": 3})      # the object from the first model
+    call_kernel(second, "total", [x, total], {"s0": 1000})
+    torch.testing.assert_close(out, torch.relu(a + b))
+    torch.testing.assert_close(total, x.double().abs().sum().float().reshape(1))
+    assert "@cuvil_k_" in second.llvm_ir("add_relu")        # its IR text comes from the cache too
+
+    compiled.clear()
+    third = compile_kernels(parse_kernels(ADD_RELU + abs_sum), cache=cache)
+    assert third.cache_hit and compiled == [] and third.objects == second.objects
+
+
+def test_models_of_other_sizes_share_the_compiled_gemm_routine(tmp_path, monkeypatch):
+    import cuvil
+    from cuvil.codegen import workers
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(workers, "_pool", workers.Pool(0))
+    compiled = []
+    real = jit_module.llvm_compile.compile_texts
+
+    def spy(**task):
+        compiled.extend(re.search(r'^define [^@]*@"?([\w.]+)', t, re.M)[1] for t in task["texts"])
+        return real(**task)
+    monkeypatch.setattr(jit_module.llvm_compile, "compile_texts", spy)
+
+    def mlp(a, b):
+        return torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.ReLU(), torch.nn.Linear(b, a), torch.nn.ReLU())
+    runs = []
+    for model, x in ((mlp(64, 128), torch.randn(32, 64)), (mlp(96, 48), torch.randn(24, 96))):
+        compiled.clear()
+        got = cuvil.compile(model, cache="objects")(x)
+        with torch.no_grad():
+            torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+        runs.append(list(compiled))
+    # both GEMMs of the first model call one routine, compiled in a module of its own ...
+    [routine] = [name for name in runs[0] if name.startswith("cuvil.panel_gemm")]
+    assert len(runs[0]) == 3
+    # ... which the second model, all of whose kernels are new, takes from the cache
+    assert len(runs[1]) == 2 and routine not in runs[1]
+
+
 def test_cache_key_depends_on_target_and_kernels():
     text = print_kernel(parse_kernels(ADD_RELU)[0], canonical=True)
     other = print_kernel(parse_kernels(ADD_RELU.replace("512", "256"))[0], canonical=True)
@@ -118,7 +175,8 @@ def test_x86_codegen_options_reach_the_shown_code_and_stay_inside_cuvil():
     if host.arch != "x86_64":
         pytest.skip("the code generation options are x86-64's")
     compiled = compile_kernels(parse_kernels(ADD_RELU + TOTAL), cache=None)
-    [ir_text], [obj] = compiled.llvm_ir_texts, compiled.objects      # too small to split between processes
+    [(ir_text, obj)] = [(text, obj) for text, obj in zip(compiled.llvm_ir_texts, compiled.objects)
+                        if compiled.symbols["add_relu"] in text]       # one module per kernel
 
     def plain_asm():
         return host.target_machine().emit_assembly(llvm.parse_assembly(ir_text))
@@ -137,10 +195,11 @@ def test_cross_targets_emit_objects_and_vector_assembly(arch, vector_insn):
     target = Target.cross(arch)
     compiled = compile_kernels(parse_kernels(ADD_RELU + TOTAL), target=target, cache=None)
     assert compiled.addresses == {} and "load" not in compiled.timings      # nothing runs here
-    [obj] = compiled.objects
-    assert obj[:4] == b"\x7fELF"
-    machine = int.from_bytes(obj[18:20], "little")
-    assert machine == {"aarch64": 183, "riscv64": 243}[arch]                 # ELF e_machine
+    assert len(compiled.objects) == 2                                         # one per kernel
+    for obj in compiled.objects:
+        assert obj[:4] == b"\x7fELF"
+        machine = int.from_bytes(obj[18:20], "little")
+        assert machine == {"aarch64": 183, "riscv64": 243}[arch]             # ELF e_machine
     assert re.search(vector_insn, compiled.asm("add_relu")), compiled.asm("add_relu")
 
 
