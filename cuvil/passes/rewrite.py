@@ -77,11 +77,11 @@ class Rewriter:
 
     def __init__(self, module: Module, fn: Function):
         self.module, self.fn = module, fn
-        self.erased: set[int] = set()
+        self.erased: set[int] = set()      # `Operation.id`s: Python's id() of an erased op is reused
         self.created: list[Operation] = []
 
     def alive(self, op: Operation) -> bool:
-        return id(op) not in self.erased
+        return op.id not in self.erased
 
     def create(self, before: Operation, name: str, operands: Sequence[Value] = (), attrs: dict | None = None,
                result_types: Sequence[TensorType] | None = None, loc: Loc | None = None) -> Operation:
@@ -115,7 +115,7 @@ class Rewriter:
                 continue
             producers = [p for p in map(producer, op.operands) if p is not None]
             self.fn.erase(op)
-            self.erased.add(id(op))
+            self.erased.add(op.id)
             count += 1
             work.extend(producers)
         return count

@@ -241,6 +241,25 @@ def test_dce_keeps_user_ops_that_are_not_pure():
     assert same_bits(interpret(m, x)[0], expected[0])
 
 
+def test_an_op_made_after_an_erase_is_alive_even_at_a_reused_address():
+    import gc
+    from cuvil.passes.rewrite import Rewriter
+    m = Module()
+    fn = m.add_function(Function("forward", [TensorType(DType.f32, (4,))], ["x"]))
+    b = Builder(fn)
+    dead = b("cuvil.exp", fn.args[0])
+    ret = b.create("cuvil.return", [fn.args[0]])
+    rw = Rewriter(m, fn)
+    address = id(dead.owner)
+    assert rw.erase_dead(dead.owner) == 1
+    del dead
+    gc.collect()        # the op and its result refer to each other: only the collector frees them
+    # CPython hands the freed op's memory to a later object: make ops until one lands there
+    made = [rw.create(ret, "cuvil.neg", [fn.args[0]]) for _ in range(200)]
+    assert any(id(op) == address for op in made)
+    assert all(rw.alive(op) for op in made)
+
+
 def test_verify_pass_reports_invalid_ir_and_provides_verified():
     m = parse(CSE)
     records = PassManager("verify,cse").run(m)        # cse requires what verify provides
