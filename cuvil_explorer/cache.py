@@ -2,9 +2,12 @@
 
 The key hashes the cell text, the option line, the versions of Python, torch and Cuvil, the
 passes of the pipeline (a pass redefined in another cell is another class, so another key), and
-the identity of every user variable the cell or its options read (a tensor also by shape, dtype
-and version counter). An entry keeps those objects alive, so their ids cannot be reused while it
-exists. In-place changes to a model's weights are not seen: use `--force`.
+every user variable the cell or its options read: a tensor by identity, shape, dtype and version
+counter; anything else by the compiled-model cache's fingerprint (`cuvil.fingerprint`: its code,
+attributes, submodules and the bytes of its tensors), so a model changed in place (new weights,
+even through `.data`, a swapped submodule, a patched method) is compiled again. An object the
+fingerprint cannot read counts by identity: after changing one in place, use `--force`. An entry
+keeps those objects alive, so their ids cannot be reused while it exists.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 
 import cuvil
+from cuvil.fingerprint import Digest
 
 from .run import CellRun
 
@@ -44,7 +48,12 @@ def free_names(cell: str) -> set[str]:
 def _fingerprint(obj: Any) -> tuple:
     if isinstance(obj, torch.Tensor):
         return id(obj), tuple(obj.shape), str(obj.dtype), obj._version
-    return id(obj), type(obj).__qualname__
+    try:
+        digest = Digest()
+        digest.add(obj)
+        return "contents", digest.hexdigest()
+    except Exception:       # whatever stops the digest (see the module's text), identity is the key
+        return id(obj), type(obj).__qualname__
 
 
 def cell_key(cell: str, line: str, pipeline: cuvil.Pipeline, ns: dict, is_ir: bool) -> tuple[str, list]:

@@ -140,6 +140,26 @@ def test_cache_hit_and_what_invalidates_it(cuvil_cell, shell):
     assert cuvil_cell("--force", body).explorer.run is not b
 
 
+def test_a_model_changed_in_place_is_compiled_again(cuvil_cell, shell):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    shell.user_ns.update(net=net, x=torch.randn(4, 8))
+    first = cuvil_cell("", "net(x)").explorer.run
+    assert cuvil_cell("", "net(x)").explorer.run is first
+    with torch.no_grad():
+        net[0].weight.data.mul_(2.0)             # .data: no version counter sees it
+    doubled = cuvil_cell("", "net(x)").explorer.run
+    assert doubled is not first and not doubled.cached
+    with torch.no_grad():
+        torch.testing.assert_close(doubled.result, net(shell.user_ns["x"]))
+    net[1] = torch.nn.Tanh()                      # a swapped submodule
+    swapped = cuvil_cell("", "net(x)").explorer.run
+    assert swapped is not doubled
+    with torch.no_grad():
+        torch.testing.assert_close(swapped.result, net(shell.user_ns["x"]))
+    assert cuvil_cell("", "net(x)").explorer.run is swapped
+
+
 def test_redefined_pass_misses_the_cache(cuvil_cell):
     def define(factor):
         @cuvil.register_pass("test-scale-literals")
