@@ -11,6 +11,7 @@ stays loaded as long as the `CompiledKernels` object lives.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import itertools
 import re
@@ -98,12 +99,13 @@ class CompiledKernels:
         """Where the code of each graph op of the kernel is: `{"op": id, "kernel_ir": [[first, last],
         ...], "llvm_ir": [...], "asm": [...]}` (1-based inclusive line ranges of `kernel_ir(name)`,
         `llvm_ir(name)` and `asm(name)`), in the order the ops first appear in the kernel IR."""
-        slots = self.lines[name].slots()
-        op_of = {slot: op for op, slot in slots.items()}
-        views = {"kernel_ir": self.lines[name].ops_by_line(),
-                 "llvm_ir": self._llvm_lines(name).ops(op_of), "asm": self._asm_lines(name).ops(op_of)}
-        return [{"op": op, **{view: _ranges(line for line, ops in by_line.items() if op in ops)
-                              for view, by_line in views.items()}} for op in slots]
+        kernel_ir: dict[int, list[int]] = {}
+        for line, ops in self.lines[name].ops_by_line().items():
+            for op in ops:
+                kernel_ir.setdefault(op, []).append(line)
+        llvm_ir, asm = self._llvm_lines(name).lines_of_slot, self._asm_lines(name).lines_of_slot
+        return [{"op": op, "kernel_ir": _ranges(kernel_ir.get(op, ())), "llvm_ir": _ranges(llvm_ir.get(slot, ())),
+                 "asm": _ranges(asm.get(slot, ()))} for op, slot in self.lines[name].slots().items()]
 
     def _llvm_lines(self, name: str) -> "CodeLines":
         if self._ir_functions is None:
@@ -164,9 +166,15 @@ class CodeLines:
                 locations.append(here if instruction else None)
         return CodeLines("\n".join(lines) + "\n", locations)
 
-    def ops(self, op_of: dict[int, int]) -> dict[int, list[int]]:
-        """line (1-based) -> the op its code came from (as a one-element list; lines of no op are left out)."""
-        return {n: [op_of[loc[1]]] for n, loc in enumerate(self.locations, 1) if loc and loc[1] in op_of}
+    @functools.cached_property
+    def lines_of_slot(self) -> dict[int, list[int]]:
+        """op slot -> the lines (1-based) of its code. Kernels of one structure share the function
+        and these lines; only which op fills each slot differs."""
+        out: dict[int, list[int]] = {}
+        for n, loc in enumerate(self.locations, 1):
+            if loc:
+                out.setdefault(loc[1], []).append(n)
+        return out
 
 
 def _ranges(lines) -> list[list[int]]:
