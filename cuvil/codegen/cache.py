@@ -115,6 +115,18 @@ class ObjectCache:
         """The model's index (its modules are stored as they are compiled)."""
         self._write(key, ".units", "\n".join(entry.units).encode())
 
+    def files(self) -> list[Path]:
+        """Every file of the object cache (the compiled-model cache's folder, `models`, is not
+        its)."""
+        return [f for f in self.root.glob("[0-9a-f][0-9a-f]/*") if f.is_file()]
+
+    def clear(self) -> int:
+        """Remove every file of the object cache; how many were removed."""
+        files = self.files()
+        for f in files:
+            f.unlink(missing_ok=True)
+        return len(files)
+
     def _write(self, key: str, suffix: str, data: bytes) -> None:
         folder = self._path(key, "").parent
         folder.mkdir(parents=True, exist_ok=True)

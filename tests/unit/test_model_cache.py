@@ -6,6 +6,7 @@ result is again eager's; a model the fingerprint cannot digest, or a broken entr
 long way."""
 import importlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 import cuvil
 import cuvil.compiled
 from cuvil import model_cache
+from cuvil.codegen.cache import ObjectCache
 from cuvil.compiled import CachedVariant, Variant
 from cuvil.fingerprint import Digest, Unfingerprintable
 from cuvil.tools import cuvil_cache
@@ -330,12 +332,16 @@ def test_the_entries_are_listed_and_cleared(cache_dir, capsys):
     compiled(lambda x: x * 2, x)
     listed = model_cache.entries()
     assert sorted(e.model for e in listed) == ["<lambda>", "Net"] and all(e.bytes > 0 for e in listed)
+    objects = ObjectCache()
+    modules = [f for f in objects.files() if f.suffix == ".o"]
+    assert len(modules) >= 2                      # at least a kernel of each model
     cuvil_cache.main([])
     out = capsys.readouterr().out
-    assert "Net" in out and "2 entries" in out
+    assert "Net" in out and "2 model entries" in out
+    assert f"object cache: {len(modules)} compiled modules, 2 model indexes" in out
     cuvil_cache.main(["--clear"])
-    assert "removed 2 entries" in capsys.readouterr().out
-    assert model_cache.entries() == []
+    assert re.search(r"removed 2 model entries .* and \d+ object cache files", capsys.readouterr().out)
+    assert model_cache.entries() == [] and objects.files() == []
     assert kind(compiled(model, x)) is Variant
 
 
