@@ -11,7 +11,9 @@ Both keys are SHA-256 over the target (triple, CPU, features, ABI), the optimisa
 Cuvil's version, llvmlite's and LLVM's, and a hash of the codegen sources themselves (so editing
 the emitter never serves stale code). Under `$CUVIL_CACHE_DIR` (default `~/.cache/cuvil`): a
 module's object `<key>.o` and its optimised LLVM IR `<key>.ll` (for the explain report; written
-last, so an entry without it is incomplete), a model's index `<key>.units`. Each file is written
+last, so an entry without it is incomplete), its assembly `<key>.s` once a report has shown it
+(code generation again, which a later report of a model with that module skips), a model's index
+`<key>.units`. Each file is written
 atomically (a temporary file, renamed).
 """
 from __future__ import annotations
@@ -110,6 +112,16 @@ class ObjectCache:
     def store_unit(self, key: str, obj: bytes, llvm_ir: str) -> None:
         self._write(key, ".o", obj)
         self._write(key, ".ll", llvm_ir.encode())     # last: with it, the entry is complete
+
+    def load_assembly(self, key: str) -> str | None:
+        """The module's assembly, kept once a report has shown it (`jit.CompiledKernels.asm`)."""
+        try:
+            return self._path(key, ".s").read_text()
+        except OSError:
+            return None
+
+    def store_assembly(self, key: str, text: str) -> None:
+        self._write(key, ".s", text.encode())
 
     def store(self, key: str, entry: CacheEntry) -> None:
         """The model's index (its modules are stored as they are compiled)."""

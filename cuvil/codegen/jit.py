@@ -62,6 +62,8 @@ class CompiledKernels:
     addresses: dict[str, int] = field(default_factory=dict)   # kernel name -> address (host only)
     objects: list[bytes] = field(default_factory=list)        # compiled in parallel, linked as one library
     lines: dict[str, LineMap] = field(default_factory=dict)     # kernel name -> where its statements print
+    units: list[str] = field(default_factory=list)             # each object's module key in `cache`
+    cache: ObjectCache | None = None                            # keeps the assembly it shows, per module
     _tracker: object = None
     _ir_functions: dict[str, "CodeLines"] | None = None
     _asm_functions: dict[str, "CodeLines"] | None = None
@@ -119,11 +121,24 @@ class CompiledKernels:
     def _asm_lines(self, name: str) -> "CodeLines":
         if self._asm_functions is None:
             self._asm_functions = {}
-            for text in self.llvm_ir_texts:
-                with _llvm_lock:
-                    asm = emit(self.target, llvm.parse_assembly(text), assembly=True)
+            for i, text in enumerate(self.llvm_ir_texts):
+                asm = self._assembly(text, self.units[i] if self.cache is not None else None)
                 self._asm_functions.update({sym: CodeLines.of_asm(f) for sym, f in _split(ASM_FUNCTION, asm).items()})
         return _function(self._asm_functions, self.symbols[name], "assembly")
+
+    def _assembly(self, llvm_ir: str, unit: str | None) -> str:
+        """The assembly of an optimised module: LLVM's code generation again, so it is kept in the
+        object cache with the module's object."""
+        asm = self.cache.load_assembly(unit) if unit is not None else None
+        if asm is None:
+            with _llvm_lock:
+                asm = emit(self.target, llvm.parse_assembly(llvm_ir), assembly=True)
+            if unit is not None:
+                try:
+                    self.cache.store_assembly(unit, asm)
+                except OSError:
+                    pass        # only the next report is slower
+        return asm
 
 
 # one function of the optimised module / of its assembly, by symbol (split once, looked up per kernel)
@@ -307,7 +322,7 @@ def compile_kernels(kernels, target: Target | None = None, cache: ObjectCache | 
             except OSError as e:
                 warnings.warn(f"cuvil: could not write the object cache at {cache.root}: {e}")
     result = CompiledKernels({k.name: k for k in kernels}, symbols, target, key, hit, timings, entry.llvm_ir,
-                             objects=entry.objects, lines=lines)
+                             objects=entry.objects, lines=lines, units=entry.units, cache=cache)
     if target.is_host:
         t = time.perf_counter()
         _load(result)

@@ -91,6 +91,20 @@ def test_a_model_that_misses_compiles_only_the_modules_the_cache_lacks(tmp_path,
     assert third.cache_hit and compiled == [] and third.objects == second.objects
 
 
+def test_the_shown_assembly_is_kept_with_the_module(tmp_path, monkeypatch):
+    cache = ObjectCache(tmp_path)
+    first = compile_kernels(parse_kernels(ADD_RELU + TOTAL), cache=cache)
+    shown = first.asm("add_relu")
+    assert shown.startswith(first.symbols["add_relu"] + ":") and len(list(tmp_path.glob("*/*.s"))) == 2  # per module
+
+    def no_codegen(*args, **kw):
+        raise AssertionError("the assembly should come from the cache")
+    monkeypatch.setattr(jit_module, "emit", no_codegen)
+    again = compile_kernels(parse_kernels(ADD_RELU + TOTAL), cache=cache)
+    assert again.asm("add_relu") == shown and again.asm("total") == first.asm("total")
+    assert again.op_lines("add_relu") == first.op_lines("add_relu")
+
+
 def test_models_of_other_sizes_share_the_compiled_gemm_routine(tmp_path, monkeypatch):
     import cuvil
     from cuvil.codegen import workers
