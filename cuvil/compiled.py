@@ -45,7 +45,8 @@ from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
 from .frontend.export import CuvilExportError, input_names
-from .model_cache import ModelKey, load_entry, model_key, store_entry
+from . import imports
+from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
 from .passes import Pipeline
 from .report import CompileReport
 from .schedule import anchor_misses
@@ -705,16 +706,15 @@ class CompiledModel:
         self._report = None
         example = _as_example(self._forward(), args, kwargs)
         hints = self._hints(example)
-        key = self._model_key(example, hints, phases) if model_cache else None
+        call = self._call_key(example, hints, phases)
+        key = model_key(call, self.options.code_options()) \
+            if call is not None and model_cache and self.options.cache is True and self.options.target == "host" else None
         if key is not None:
             cached = load_entry(key, args, kwargs)
             if cached is not None:
                 return CachedVariant(cached, functools.partial(self._compile_again, args, kwargs))
         workers.prestart()      # the compile workers get LLVM ready while torch.export runs
-        t = time.perf_counter()
-        imported = import_model(self.target, _capture_example(self._forward(), example, hints), dynamic=hints or None,
-                                ranges=self._ranges or None, name=self._ir_name())
-        phases.append({"name": "import", "time_s": time.perf_counter() - t})
+        imported = self._import(call, example, hints, phases)
         leaves = imported.exported.call_spec.in_spec.flatten_up_to(
             (example, {}) if isinstance(example, tuple) else ((), example))
         sizes = symbol_sizes(imported.function, [leaves[i] for i in imported.tensor_positions])
@@ -736,22 +736,36 @@ class CompiledModel:
                                               **({"error": why_not} if why_not else {})})
         return variant
 
-    def _model_key(self, example, hints: dict, phases: list[dict]) -> ModelKey | None:
-        """The compiled-model cache's key for this call, None when that cache is off or the model
+    def _call_key(self, example, hints: dict, phases: list[dict]) -> ModelKey | None:
+        """The call's key (`model_cache.call_key`), None when the caches are off or the model
         cannot be fingerprinted (the reason is in the phases)."""
-        if self.options.cache is not True or self.options.target != "host":
+        if not self.options.cache:
             return None
         t = time.perf_counter()
         try:
-            key = model_key(self.target, self.options.code_options(), _named(self._forward(), example), hints,
-                            self._ranges)
-        except Exception as e:      # the cache is an optimisation: whatever stops the digest, compile
+            key = call_key(self.target, _named(self._forward(), example), hints, self._ranges)
+        except Exception as e:      # the caches are an optimisation: whatever stops the digest, compile
             reason = (str(e) if isinstance(e, Unfingerprintable) else "too deep" if isinstance(e, RecursionError)
                       else f"{type(e).__name__} while digesting the model: {e}")
             phases.append({"name": "fingerprint", "time_s": time.perf_counter() - t, "error": f"not cached: {reason}"})
             return None
         phases.append({"name": "fingerprint", "time_s": time.perf_counter() - t})
         return key
+
+    def _import(self, call: ModelKey | None, example, hints: dict, phases: list[dict]) -> ImportResult:
+        """torch.export and the import, or a copy of this process's import of the same call."""
+        t = time.perf_counter()
+        imported = imports.copy_of(call) if call is not None else None
+        if imported is not None:
+            phases.append({"name": "import", "time_s": time.perf_counter() - t,
+                           "note": "a copy of this process's import of the same call"})
+            return imported
+        imported = import_model(self.target, _capture_example(self._forward(), example, hints), dynamic=hints or None,
+                                ranges=self._ranges or None, name=self._ir_name())
+        if call is not None:
+            imports.keep(call, self.target, imported)
+        phases.append({"name": "import", "time_s": time.perf_counter() - t})
+        return imported
 
     def _compile_again(self, args: tuple, kwargs: dict) -> Variant:
         """The full compile of a call whose variant came from the compiled-model cache."""

@@ -64,28 +64,32 @@ class ModelKey:
     """An entry's key in two parts: `name` (the digest of all but the bytes of the model's tensors)
     names the entry's file; `weights()` (those bytes' digest) must equal the one the entry was
     written with. A model whose weights change so keeps one entry, rewritten, not one per version,
-    and a lookup that finds no entry does not hash them."""
+    and a lookup that finds no entry does not hash them. A compile's key extends its call's
+    (`model_key(call_key(...), options)`), and the two share the weights' digest."""
     name: str
     tensors: list[torch.Tensor]
+    of_call: "ModelKey | None" = None
     _weights: str | None = None
 
     def weights(self) -> str:
+        if self.of_call is not None:
+            return self.of_call.weights()
         if self._weights is None:
             self._weights = contents_digest(self.tensors)
         return self._weights
 
 
-def model_key(target, options: dict, inputs: dict, hints: dict, ranges: dict) -> ModelKey:
-    """The key of compiling `target` for a call with `inputs` (by parameter name) whose dynamic
-    dims are `hints` ({name: {axis: dim}}) in `ranges`; their sizes are not part of it. Raises
-    Unfingerprintable when the model reaches something the fingerprint cannot digest."""
+def call_key(target, inputs: dict, hints: dict, ranges: dict) -> ModelKey:
+    """The key of a call of `target` with `inputs` (by parameter name) whose dynamic dims are
+    `hints` ({name: {axis: dim}}) in `ranges`; their sizes are not part of it. What torch.export
+    makes of the call depends on nothing else (`cuvil.imports`). Raises Unfingerprintable when the
+    model reaches something the fingerprint cannot digest."""
     d = Digest()
     d.text(FORMAT)
     for part in (f"cuvil {cuvil_digest()}", f"torch {torch.__version__}", f"llvmlite {llvmlite.__version__}",
                  f"llvm {llvm.llvm_version_info}", f"python {sys.version}", Target.host().key(),
                  f"default dtype {torch.get_default_dtype()}"):
         d.text(part)
-    d.add(options, "the compile options")
     d.text(json.dumps({"hints": {k: {str(a): n for a, n in v.items()} for k, v in sorted(hints.items())},
                        "ranges": {k: list(v) for k, v in sorted(ranges.items())}}, sort_keys=True))
     for name, value in inputs.items():
@@ -102,6 +106,14 @@ def model_key(target, options: dict, inputs: dict, hints: dict, ranges: dict) ->
                 d.add(x, f"input {name}")
     d.add(target, type(target).__name__)
     return ModelKey(d.structure(), d.tensors)
+
+
+def model_key(call: ModelKey, options: dict) -> ModelKey:
+    """The key of compiling that call with `options` (those that shape the code): the entry's."""
+    d = Digest()
+    d.text(call.name)
+    d.add(options, "the compile options")
+    return ModelKey(d.structure(), call.tensors, of_call=call)
 
 
 def load_entry(key: ModelKey, args: tuple, kwargs: dict):

@@ -6,6 +6,7 @@ module constants referenced by name from `cuvil.const` ops; their data lives in
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Sequence
@@ -246,6 +247,20 @@ class Function:
     def result_types(self) -> list[TensorType]:
         return [v.type for v in self.return_op.operands]
 
+    def copy(self) -> "Function":
+        """The same function in new values and ops (new ids), for passes to change; attributes are
+        copied, types and locations shared (both immutable)."""
+        out = Function(self.name, [a.type for a in self.args], [a.name for a in self.args], self.symbols)
+        new = {id(a): b for a, b in zip(self.args, out.args)}
+        for op in self.ops:
+            twin = Operation(op.opdef, [new[id(v)] for v in op.operands], [r.type for r in op.results],
+                             copy.deepcopy(op.attrs), op.loc)
+            for r, t in zip(op.results, twin.results):
+                t.name = r.name
+                new[id(r)] = t
+            out.ops.append(twin)
+        return out
+
     def erase(self, op: Operation) -> None:
         """Remove an op whose results are unused."""
         for r in op.results:
@@ -267,6 +282,14 @@ class Module:
     def add_function(self, fn: Function) -> Function:
         self.functions[fn.name] = fn
         return fn
+
+    def copy(self) -> "Module":
+        """Copies of the functions; the constants are shared (passes add and replace weights, they
+        never change one in place)."""
+        out = Module(constants=dict(self.constants))
+        for fn in self.functions.values():
+            out.add_function(fn.copy())
+        return out
 
     @property
     def main(self) -> Function:
