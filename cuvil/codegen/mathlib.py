@@ -130,10 +130,11 @@ class Ops:
 
 # ----------------------------------------------------------------------------- f32 functions
 
-def _exp(o: Ops, x, low: bool = True, high: bool = True):
+def _exp(o: Ops, x, low: bool = True, high: bool = True, narrow: bool = False):
     # reduce x = n ln2 + r, then scale by 2^n, so that results from 2^-149 (denormal) to 2^128
     # (overflow to inf) come out right. `low` / `high`: x may lie below -104 / above 89 (callers
-    # that know their range leave the clamps out). Below -104 the result is 0, selected at the end:
+    # that know their range leave the clamps out). `narrow`: x lies in [-87, 88], where 2^n is a
+    # normal float and one multiplication scales. Below -104 the result is 0, selected at the end:
     # computing it would underflow, and an underflow costs a microcode assist of ~100 cycles per
     # vector (softmax over a causal mask has half its inputs at -inf). A NaN passes the clamps and
     # every step after them, and comes out NaN.
@@ -147,6 +148,8 @@ def _exp(o: Ops, x, low: bool = True, high: bool = True):
     y = o.add(o.c(1.0), o.fma(o.mul(r, r), o.poly(r, EXP), r))
     if o.scalef:
         y = o.b.call(intrinsic(o.module, "ldexp", o.ty, [o.ty, o.ity], [o.ty, o.ity]), [y, ni])
+    elif narrow:
+        y = o.mul(y, o.pow2(ni))
     else:       # two steps: 2^n alone over- or underflows at the ends of the range
         n1 = o.b.ashr(ni, o.ic(1))
         y = o.mul(o.mul(y, o.pow2(n1)), o.pow2(o.b.sub(ni, n1)))
@@ -215,11 +218,18 @@ def _expm1(o: Ops, x):
     return o.sel(o.cmp("==", x, o.c(0.0)), x, y)      # -0 stays -0
 
 
+TANH_ONE = 9.1      # tanh(z) rounds to 1 in f32 from z = 13 ln 2 (9.01) on
+
+
 def _tanh(o: Ops, x):
     z = o.unary("fabs", x)
     z2 = o.mul(z, z)
     small = o.fma(o.mul(z, z2), o.poly(z2, TANH), z)
-    large = o.sub(o.c(1.0), o.div(o.c(2.0), o.add(_exp(o, o.add(z, z), low=False), o.c(1.0))))
+    # 1 - 2 / (e^2z + 1), with z clamped where the result is 1: e^2z stays in exp's narrow range
+    # (a NaN passes the clamp)
+    zc = o.sel(o.cmp(">", z, o.c(TANH_ONE)), o.c(TANH_ONE), z)
+    large = o.sub(o.c(1.0), o.div(o.c(2.0), o.add(_exp(o, o.add(zc, zc), low=False, high=False, narrow=True),
+                                                  o.c(1.0))))
     return o.binary("copysign", o.sel(o.cmp("<", z, o.c(0.625)), small, large), x)   # odd, -0 stays -0
 
 
@@ -228,7 +238,7 @@ def _erf(o: Ops, x):
     small = o.mul(x, o.poly(o.mul(x, x), ERF_SMALL))
     zc = o.sel(o.cmp(">", z, o.c(4.0)), o.c(4.0), z)
     q = o.div(o.c(1.0), zc)
-    erfc = o.mul(o.mul(_exp(o, o.mul(o.b.fneg(zc), zc), low=False, high=False), q), o.poly(q, ERFC_LARGE))
+    erfc = o.mul(o.mul(_exp(o, o.mul(o.b.fneg(zc), zc), low=False, high=False, narrow=True), q), o.poly(q, ERFC_LARGE))
     return o.sel(o.cmp("<", z, o.c(1.0)), small, o.binary("copysign", o.sub(o.c(1.0), erfc), x))
 
 
