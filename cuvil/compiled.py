@@ -12,7 +12,7 @@ of one dynamic dim agrees, and the values of non-tensor arguments. A call no var
 compiles a new variant, and `explain_recompiles()` says why:
 
 - a static dim changed: the new variant makes it dynamic (automatic dynamic shapes), or compiles
-  it static when torch.export cannot keep it dynamic;
+  it static when torch.export cannot keep it dynamic or the model was compiled with dynamic=False;
 - a dynamic dim left its range: the range grows to include the size;
 - a dtype, rank or non-tensor argument changed: the new variant is compiled for the new call.
 
@@ -44,7 +44,7 @@ from .errors import CuvilError
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
-from .frontend.export import CuvilExportError, input_names
+from .frontend.export import AutoDim, CuvilExportError, input_names
 from . import imports
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
 from .passes import Pipeline
@@ -67,7 +67,7 @@ class CompileOptions:
     pipeline: str = "O3"                  # the pass pipeline (O0-O3 or a pipeline string)
     disable_passes: tuple = ()            # passes of the pipeline switched off, by name
     precision: str = "fp32"               # "bf16"/"fp16": torch.autocast's numerics (mixed-precision)
-    dynamic: Any = None                   # dynamic dims, as `import_model` takes them
+    dynamic: Any = None                   # dynamic dims as `import_model` takes them; True: all; False: none
     ranges: dict | None = None            # {"batch": (1, 64)}
     threads: int | None = None            # the engine's thread pool size (process-wide)
     fallback: str = "error"               # "eager": run in PyTorch what Cuvil cannot compile
@@ -95,6 +95,7 @@ class CompileOptions:
             raise CuvilError(f"cuvil.compile: threads must be a positive int, not {opts.threads!r}")
         if opts.cache not in CACHES:
             raise CuvilError(f"cuvil.compile: cache must be one of {', '.join(map(repr, CACHES))}, not {opts.cache!r}")
+        _check_dynamic(opts.dynamic)
         if not (isinstance(opts.max_recompiles, int) and opts.max_recompiles >= 0):
             raise CuvilError(f"cuvil.compile: max_recompiles must be an int >= 0, not {opts.max_recompiles!r}")
         grouping_for(opts.enable_fusion)   # a bad grouping or pipeline fails here, not at the first call
@@ -680,7 +681,7 @@ class CompiledModel:
         params = self._param_names(args, kwargs)
         named: dict[tuple[int, int], str] = {}
         for m in reasons:
-            if m.kind == "static" and guard.names[m.input] in params:
+            if m.kind == "static" and guard.names[m.input] in params and self.options.dynamic is not False:
                 name = guard.names[m.input]
                 dim = named.setdefault((m.was, m.size), f"{name}_dim{m.axis}")
                 self._auto.setdefault(name, {})[m.axis] = dim
@@ -784,6 +785,8 @@ class CompiledModel:
                 ranges = {k: v for k, v in dynamic.items() if isinstance(v, tuple)}
                 self._ranges = {**ranges, **self._ranges}
                 dynamic = {k: v for k, v in dynamic.items() if not isinstance(v, tuple)}
+            elif isinstance(dynamic, bool):
+                dynamic = {}
             elif dynamic is not None:
                 names = input_names(self._forward(), len(example) if isinstance(example, tuple) else 0)
                 dynamic = {n: h for n, h in zip(names, dynamic) if h}
@@ -792,6 +795,17 @@ class CompiledModel:
             self._dynamic = dynamic
         values = _named(self._forward(), example)
         out: dict[str, dict[int, str]] = {}
+        if self.options.dynamic is True:
+            # a dim an earlier variant had dynamic (its range is known) must stay dynamic, at its
+            # range (sizes 0 and 1 included: the capture sees them grown to 2); any other is dynamic
+            # where torch.export can keep it so, which it cannot for sizes 0 and 1 (it specialises them)
+            for name, x in values.items():
+                for axis, n in enumerate(x.shape if isinstance(x, torch.Tensor) else ()):
+                    dim = f"{name}_dim{axis}"
+                    if dim in self._ranges:
+                        out.setdefault(name, {})[axis] = dim
+                    elif n > 1:
+                        out.setdefault(name, {})[axis] = AutoDim(dim)
         for src in (self._dynamic, self._auto):
             for name, axes in src.items():
                 x = values.get(name)
@@ -817,6 +831,25 @@ class CompiledModel:
     def __repr__(self) -> str:
         state = f"eager: {self._fallback_reason}" if self._fallback_reason else f"{len(self._variants)} variant(s)"
         return f"<cuvil.CompiledModel {self._name()} ({state})>"
+
+
+def _check_dynamic(dynamic) -> None:
+    """`dynamic` is None, a bool, {input name: {axis: dim name} or (lo, hi) for a dim name}, or one
+    {axis: dim name} (or None) per positional input."""
+    if dynamic is None or isinstance(dynamic, bool):
+        return
+    if isinstance(dynamic, dict):
+        bad = [(k, v) for k, v in dynamic.items() if not isinstance(v, (dict, tuple))]
+    elif isinstance(dynamic, (list, tuple)):
+        bad = [(i, v) for i, v in enumerate(dynamic) if not (v is None or isinstance(v, dict))]
+    else:
+        bad = [(None, dynamic)]
+    if bad:
+        where, value = bad[0]
+        raise CuvilError("cuvil.compile: dynamic must be True (every dim torch.export can keep dynamic), False "
+                         "(static dims only, never made dynamic), a dict by input name such as {'x': {0: 'batch'}} "
+                         "or one {axis: name} dict per positional input; "
+                         + (f"not {value!r}" if where is None else f"the entry for {where!r} is {value!r}"))
 
 
 def _as_example(fn: Callable, args: tuple, kwargs: dict):

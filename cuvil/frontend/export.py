@@ -180,9 +180,17 @@ def _hints_by_name(dynamic, named: list[str], values: dict, positional: int) -> 
     return {name: _normalise_axes(h, values[name], name) for name, h in dynamic.items() if h}
 
 
+class AutoDim(str):
+    """The name of a dim that `dynamic=True` marks: torch.export keeps it dynamic where the model
+    allows and fixes it to the example's size where not (`Dim.AUTO`); a dim named by the user must
+    stay dynamic, or the export fails."""
+
+
 def _normalise_axes(hint, x, where: str) -> dict[int, str]:
     if not isinstance(x, torch.Tensor):
         raise CuvilError(f"dynamic hint {hint} given for '{where}', which is not a tensor")
+    if not isinstance(hint, dict):
+        raise CuvilError(f"dynamic hint {hint!r} for '{where}' must be a dict of axis: dim name, such as {{0: \"batch\"}}")
     out = {}
     for axis, name in hint.items():
         if not -x.dim() <= axis < x.dim():
@@ -196,7 +204,11 @@ def _normalise_axes(hint, x, where: str) -> dict[int, str]:
 
 def _make_dims(hints: Hints, ranges: dict[str, tuple[int, int]]) -> dict[str, Any]:
     names = {n for h in hints.values() for n in h.values()}
-    return {n: Dim(n, min=ranges.get(n, DEFAULT_RANGE)[0], max=ranges.get(n, DEFAULT_RANGE)[1]) for n in sorted(names)}
+    dims = {}
+    for n in sorted(names):
+        lo, hi = ranges.get(n, DEFAULT_RANGE)
+        dims[n] = Dim.AUTO(min=lo, max=hi) if isinstance(n, AutoDim) else Dim(n, min=lo, max=hi)
+    return dims
 
 
 _STOP = re.compile(r"^(The following call raised this error|The error above occurred|from user code|"

@@ -195,6 +195,42 @@ def test_static_dim_change_makes_the_dim_dynamic():
     assert "input 0 (x) dim 0 is 4, compiled for 3 (a static dim)" in why and "x dim 0 made dynamic" in why
 
 
+def test_dynamic_true_makes_every_dim_dynamic_that_torch_export_can_keep():
+    """dynamic=True, as in torch.compile: the batch dim is dynamic, the linear's input features
+    (tied to its weight) are fixed; a later batch of 1 widens the batch's range in one recompile."""
+    net = Net().eval()
+    m = cuvil.compile(net, dynamic=True)
+    for b in (3, 17, 1, 40):
+        x = torch.randn(b, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), net(x))
+    assert m.num_variants == 2
+    [why] = m.explain_recompiles()
+    assert "input 0 (x) dim 0 is 1" in why and "range of x_dim0 widened to [1, " in why
+    assert "tensor<s0x16xf32>" in m.report.input_ir and "s0 = [1, " in m.report.input_ir
+    g = cuvil.compile(lambda x: torch.tanh(x) * 2, dynamic=True)
+    for shape in ((3, 7), (5, 2), (9, 33)):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(g(x), torch.tanh(x) * 2)
+    assert g.num_variants == 1 and "tensor<s0xs1xf32>" in g.report.input_ir
+
+
+def test_dynamic_false_compiles_every_new_size_static():
+    g = cuvil.compile(lambda x: x.sum(0), dynamic=False)
+    for n in (3, 4, 5):
+        x = torch.randn(n, 7)
+        torch.testing.assert_close(g(x), x.sum(0))
+    assert g.num_variants == 3 and "tensor<5x7xf32>" in g.report.input_ir
+    assert all("(a static dim)" in why and "made dynamic" not in why for why in g.explain_recompiles())
+
+
+@pytest.mark.parametrize("dynamic, says", [("yes", "not 'yes'"), (3, "not 3"), ({"x": [0]}, "the entry for 'x' is [0]"),
+                                           ([{0: "b"}, 5], "the entry for 1 is 5")])
+def test_a_malformed_dynamic_option_is_a_clear_error(dynamic, says):
+    with pytest.raises(cuvil.CuvilError, match=r"dynamic must be True .*; " + re.escape(says)):
+        cuvil.compile(Net(), dynamic=dynamic)
+
+
 def test_non_tensor_arguments_are_compiled_in_and_guarded():
     def scale(x, k: float):
         return x * k
