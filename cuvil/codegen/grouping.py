@@ -40,9 +40,25 @@ def rematerialize(fn: Function, ops: list[Operation]) -> list[Operation]:
 
 def kernel_roots(fn: Function) -> list[Operation]:
     """The ops that are computed by some kernel of their own or of a group: all but the skipped
-    ones (const, return) and the views and inline constants nothing needs in memory."""
-    return [op for op in fn.ops if op.name not in SKIP_OPS
+    ones (const, return), the views and inline constants nothing needs in memory, and the dead ops
+    (nothing returned depends on them: a pipeline without `dce` keeps them)."""
+    live = live_ops(fn)
+    return [op for op in fn.ops if op.name not in SKIP_OPS and id(op) in live
             and (op_kind(op) not in REMATERIALIZED or needs_memory(op))]
+
+
+def live_ops(fn: Function) -> set[int]:
+    """The ids of the ops that the returned values depend on."""
+    live: set[int] = set()
+    frontier = [fn.return_op]
+    while frontier:
+        op = frontier.pop()
+        for v in op.operands:
+            owner = v.owner
+            if isinstance(owner, Operation) and id(owner) not in live:
+                live.add(id(owner))
+                frontier.append(owner)
+    return live
 
 
 def kernel_ops(group: list[Operation]) -> list[Operation]:

@@ -190,7 +190,8 @@ def _normalise_axes(hint, x, where: str) -> dict[int, str]:
     if not isinstance(x, torch.Tensor):
         raise CuvilError(f"dynamic hint {hint} given for '{where}', which is not a tensor")
     if not isinstance(hint, dict):
-        raise CuvilError(f"dynamic hint {hint!r} for '{where}' must be a dict of axis: dim name, such as {{0: \"batch\"}}")
+        raise CuvilError(f"dynamic hint {hint!r} for '{where}' must be a dict of axis: dim name, "
+                         f"such as {{0: \"batch\"}}")
     out = {}
     for axis, name in hint.items():
         if not -x.dim() <= axis < x.dim():

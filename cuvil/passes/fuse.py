@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from ..codegen.grouping import (GROUP_ATTR, groups_from_attrs, groups_from_cores, kernel_ops, kernel_roots,
+from ..codegen.grouping import (GROUP_ATTR, groups_from_attrs, groups_from_cores, kernel_ops, kernel_roots, live_ops,
                                 rematerialize)
 from ..codegen.lower import (INLINE_OPS, REMATERIALIZED, Refusal, fusible_operands, group_legality, needs_memory,
                              op_kind)
@@ -89,6 +89,7 @@ class Fusion:
         self.order = {id(op): i for i, op in enumerate(fn.ops)}
         self.names = value_names(fn)
         core = kernel_roots(fn)
+        self.live = live_ops(fn)        # uses by dead ops (a pipeline without dce keeps them) do not count
         self.group_of: dict[int, Group] = {id(op): Group(op) for op in core}
         self.readers: dict[int, list[Operation]] = {}          # op -> ops that compute it in their kernel
         self.escape: dict[int, str | None] = {}                # op -> why its result must be in memory
@@ -111,6 +112,8 @@ class Fusion:
             if (id(v), id(u)) in seen:
                 continue
             seen.add((id(v), id(u)))
+            if u.name != "cuvil.return" and id(u) not in self.live:
+                continue
             fusible = any(o is v for o in fusible_operands(u))
             if view is not None and (u.name == "cuvil.return" or not fusible):
                 continue            # reads the view's buffer, which the view's own kernel writes

@@ -50,3 +50,27 @@ def test_results_hold_with_passes_switched_off(name, off):
             torch.testing.assert_close(out, eager)
     ran = [p["name"] for p in model.report.passes if p["skipped"] is None]
     assert not set(ran) & set(off), f"switched-off passes ran: {set(ran) & set(off)}"
+
+
+class DeadValues(torch.nn.Module):
+    """Values nothing returned depends on: one op, a chain of two, and a reduction of a live value."""
+
+    def forward(self, x):
+        y = torch.relu(x) * 2
+        torch.tanh(x)
+        torch.exp(torch.sigmoid(y))
+        y.sum(-1)
+        return y + 1
+
+
+@pytest.mark.parametrize("pipeline, off", [("O0", []), ("O1", ["dce"]), ("O3", ["dce"]), ("O3", ["dce", "fuse"])])
+def test_dead_values_get_no_kernel_without_dce(pipeline, off):
+    """Without `dce`, dead ops stay in the IR; lowering computes only what the results need (it
+    once failed on a kernel with no output)."""
+    model = DeadValues()
+    compiled = cuvil.compile(model, pipeline=pipeline, disable_passes=off)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert "cuvil.tanh" in compiled.report.output_ir             # still in the IR: no pass removed it
+    assert not any(op["name"] in ("cuvil.tanh", "cuvil.exp", "cuvil.sum")
+                   for k in compiled.report.kernels for op in k["ops"])
