@@ -1,7 +1,7 @@
 """The named pipelines, one per optimisation level. A pipeline string can name them
 (`O1,my-pass`), and `cuvil.compile(..., disable_passes=[...])` switches any of their passes off.
 
-- O0: checks only; every op gets a kernel of its own.
+- O0: checks only; every op the results depend on gets a kernel of its own.
 - O1: graph clean-up (canonicalize, cse, dce) and fusion.
 - O2: O1 plus compile-time folding of weights (batch norm into convolutions, weight-only
   subgraphs), then the program passes: latency-aware schedule and arena planning. The default.
