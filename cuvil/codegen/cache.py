@@ -31,8 +31,8 @@ import llvmlite.binding as llvm
 from .. import __version__
 from .target import Target
 
-_CODEGEN_SOURCES = ("kernel_ir.py", "kernel_text.py", "llvm_emit.py", "mathlib.py", "panel_gemm.py", "jit.py",
-                    "llvm_compile.py", "target.py")
+_CODEGEN_SOURCES = ("kernel_ir.py", "kernel_text.py", "llvm_emit.py", "mathlib.py", "value_range.py", "panel_gemm.py",
+                    "jit.py", "llvm_compile.py", "target.py")
 
 
 @functools.cache

@@ -43,6 +43,7 @@ from .mathlib import F32, I1, I64, MathLib, intrinsic
 from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
                          panel_rows)
 from .target import Target
+from .value_range import FORMS, ValueRanges, math_form
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 PTR = ir.PointerType()
@@ -201,6 +202,7 @@ class KernelEmitter:
     def __init__(self, mb: ModuleBuilder, kernel: Kernel, symbol: str, lines: LineMap):
         self.mb, self.kernel, self.symbol = mb, kernel, symbol
         self.scalars: dict[str, ir.Value] = {}
+        self.ranges = ValueRanges()             # for the cheaper forms of exp and log
         self.indices: dict[sympy.Symbol, ir.Value] = {}
         self.bufs: dict[str, ir.Value] = {}
         self.lines, self.slots = lines, lines.slots()
@@ -295,6 +297,7 @@ class KernelEmitter:
 
     def let(self, s: Let) -> None:
         self.scalars[s.var.name] = self.expr(s.value)
+        self.ranges.let(s.var.name, s.value)
 
     def store(self, s: Store) -> None:
         value = self.expr(s.value)
@@ -337,6 +340,7 @@ class KernelEmitter:
         return latch
 
     def reduce(self, s: Reduce) -> None:
+        self.ranges.let(s.var.name, None)
         ty = VALUE_TYPES[s.var.dtype]
         init = self.expr(s.init)
         if s.kind == "sum" and s.var.dtype.is_float and not _static_at_most(s.loops, SUM_BLOCK):
@@ -655,6 +659,8 @@ class KernelEmitter:
     def call(self, e: Call) -> ir.Value:
         args = [self.expr(a) for a in e.args]
         dt = e.args[-1].dtype
+        if dt == DType.f32 and e.fn in FORMS:
+            return self.mb.math.call(self.b, math_form(e.fn, self.ranges.span(e.args[0])), args)
         table = FLOAT_OPS if dt.is_float else INT_OPS
         emit = table.get(e.fn) or SHARED_OPS.get(e.fn)
         if emit is None:

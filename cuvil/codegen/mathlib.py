@@ -169,13 +169,15 @@ def _round_log2e(o: Ops, x):
     return n, ni
 
 
-def _log(o: Ops, x):
+def _log(o: Ops, x, normal: bool = False):
+    # `normal`: x is NaN or a positive normal finite float (no denormals, zero or infinity to handle)
     b = o.b
-    tiny = o.cmp("<", x, o.c(1.1754943508222875e-38))          # denormals: scale up by 2^23 first
-    xs = o.sel(tiny, o.mul(x, o.c(8388608.0)), x)
+    tiny = None if normal else o.cmp("<", x, o.c(1.1754943508222875e-38))    # denormals: scale up by 2^23 first
+    xs = x if normal else o.sel(tiny, o.mul(x, o.c(8388608.0)), x)
     bits = b.bitcast(xs, I32)
     e = b.sub(b.lshr(bits, o.ic(23)), o.ic(126))
-    e = b.sub(e, b.select(tiny, o.ic(23), o.ic(0)))
+    if not normal:
+        e = b.sub(e, b.select(tiny, o.ic(23), o.ic(0)))
     m = b.bitcast(b.or_(b.and_(bits, o.ic(0x007FFFFF)), o.ic(0x3F000000)), F32)   # in [0.5, 1)
     small = o.cmp("<", m, o.c(0.7071067811865476))
     e = b.sub(e, b.zext(small, I32))
@@ -186,8 +188,9 @@ def _log(o: Ops, x):
     y = o.fma(ef, o.c(LN2_LO), y)
     y = o.fma(z, o.c(-0.5), y)
     y = o.fma(ef, o.c(LN2_HI), o.add(f, y))
-    y = o.sel(o.cmp("==", x, o.c(math.inf)), x, y)
-    y = o.sel(o.cmp("==", x, o.c(0.0)), o.c(-math.inf), y)
+    if not normal:
+        y = o.sel(o.cmp("==", x, o.c(math.inf)), x, y)
+        y = o.sel(o.cmp("==", x, o.c(0.0)), o.c(-math.inf), y)
     return o.sel(o.cmp(">=", x, o.c(0.0)), y, o.c(math.nan))          # x < 0 and nan -> nan
 
 
@@ -531,7 +534,11 @@ def _atanh64(o: Ops, x):
     return o.binary("copysign", o.sel(o.cmp("<", a, o.c(0.125)), _odd_series(o, a, ATANH), large), x)
 
 
-F32_FUNCS = {"exp": _exp, "log": _log, "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf,
+F32_FUNCS = {"exp": _exp, "log": _log,
+             # the forms for arguments known to lie where the special cases cannot arise (value_range.py)
+             "exp.narrow": lambda o, x: _exp(o, x, low=False, high=False, narrow=True),
+             "log.normal": lambda o, x: _log(o, x, normal=True),
+             "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf,
              "sigmoid": _sigmoid, "sin": _sin, "cos": _cos, "tan": _tan, "atan": _atan, "asin": _asin, "acos": _acos,
              "sinh": _f64_unary(_sinh64), "cosh": _f64_unary(_cosh64), "asinh": _f64_unary(_asinh64),
              "acosh": _f64_unary(_acosh64), "atanh": _f64_unary(_atanh64), "pow": _pow, "atan2": _atan2}
