@@ -44,7 +44,7 @@ from .errors import CuvilError
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
-from .frontend.export import AutoDim, CuvilExportError, input_names
+from .frontend.export import CuvilExportError, auto_hints, input_names
 from . import imports
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
 from .passes import Pipeline
@@ -795,17 +795,8 @@ class CompiledModel:
             self._dynamic = dynamic
         values = _named(self._forward(), example)
         out: dict[str, dict[int, str]] = {}
-        if self.options.dynamic is True:
-            # a dim an earlier variant had dynamic (its range is known) must stay dynamic, at its
-            # range (sizes 0 and 1 included: the capture sees them grown to 2); any other is dynamic
-            # where torch.export can keep it so, which it cannot for sizes 0 and 1 (it specialises them)
-            for name, x in values.items():
-                for axis, n in enumerate(x.shape if isinstance(x, torch.Tensor) else ()):
-                    dim = f"{name}_dim{axis}"
-                    if dim in self._ranges:
-                        out.setdefault(name, {})[axis] = dim
-                    elif n > 1:
-                        out.setdefault(name, {})[axis] = AutoDim(dim)
+        if self.options.dynamic is True:        # the dims earlier variants had dynamic have ranges
+            out = auto_hints(values, keep=self._ranges)
         for src in (self._dynamic, self._auto):
             for name, axes in src.items():
                 x = values.get(name)

@@ -51,7 +51,7 @@ class CuvilMagics(Magics):
     @argument("--name", default=None, metavar="EXPR", help="the model or function to compile")
     @argument("--inputs", default=None, metavar="EXPR", help="example inputs: a tensor, a tuple or a dict")
     @argument("--dynamic", default=None, metavar="EXPR",
-              help="dynamic dims, as for cuvil.import_model: e.g. '[{0: \"batch\"}]'")
+              help="dynamic dims, as for cuvil.compile: e.g. '[{0: \"batch\"}]', or True (every dim it can)")
     @argument("--ranges", default=None, metavar="EXPR", help="ranges of the dynamic dims: e.g. '{\"batch\": (1, 64)}'")
     @argument("--html", default=None, metavar="PATH", help="also write the static HTML report to PATH")
     @argument("--force", action="store_true", help="recompile even when the cell cache has this cell")

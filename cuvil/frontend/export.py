@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Container
 
 import torch
 from torch import nn
@@ -165,8 +165,11 @@ def _split_ranges(dynamic, ranges) -> tuple[Any, dict[str, tuple[int, int]]]:
 
 
 def _hints_by_name(dynamic, named: list[str], values: dict, positional: int) -> Hints:
-    """Hints per input name, from a dict keyed by name or a list over the positional inputs."""
-    if dynamic is None:
+    """Hints per input name, from a dict keyed by name or a list over the positional inputs (True:
+    every dim, `auto_hints`; False: none)."""
+    if dynamic is True:
+        return auto_hints(values)
+    if dynamic is None or dynamic is False:
         return {}
     if isinstance(dynamic, dict):
         unknown = [k for k in dynamic if k not in values]
@@ -184,6 +187,22 @@ class AutoDim(str):
     """The name of a dim that `dynamic=True` marks: torch.export keeps it dynamic where the model
     allows and fixes it to the example's size where not (`Dim.AUTO`); a dim named by the user must
     stay dynamic, or the export fails."""
+
+
+def auto_hints(values: dict, keep: Container[str] = ()) -> Hints:
+    """`dynamic=True`: every dim of every tensor in `values` (by input name), named `<input>_dim<axis>`,
+    as an AutoDim, but for sizes 0 and 1, which torch.export specialises. A name in `keep` (a dim an
+    earlier variant had dynamic) stays a plain name, which must stay dynamic, whatever its size (the
+    capture sees sizes 0 and 1 grown to 2)."""
+    hints: Hints = {}
+    for name, x in values.items():
+        for axis, n in enumerate(x.shape if isinstance(x, torch.Tensor) else ()):
+            dim = f"{name}_dim{axis}"
+            if dim in keep:
+                hints.setdefault(name, {})[axis] = dim
+            elif n > 1:
+                hints.setdefault(name, {})[axis] = AutoDim(dim)
+    return hints
 
 
 def _normalise_axes(hint, x, where: str) -> dict[int, str]:

@@ -213,6 +213,8 @@ def test_dynamic_true_makes_every_dim_dynamic_that_torch_export_can_keep():
         x = torch.randn(*shape)
         torch.testing.assert_close(g(x), torch.tanh(x) * 2)
     assert g.num_variants == 1 and "tensor<s0xs1xf32>" in g.report.input_ir
+    # cuvil.explain and cuvil.import_model (the explorer's paths) take it too
+    assert "%x: tensor<s0x16xf32>" in cuvil.explain(net, torch.randn(3, 16), dynamic=True).input_ir
 
 
 def test_dynamic_false_compiles_every_new_size_static():
