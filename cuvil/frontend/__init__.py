@@ -73,7 +73,8 @@ def import_model(model_or_fn, example_inputs=None, dynamic=None, name: str = "fo
                  ranges: dict[str, tuple[int, int]] | None = None) -> ImportResult:
     """Capture `model_or_fn` with torch.export and import it as a Cuvil module.
 
-    `dynamic`: per position `[{0: "batch", 1: "seq"}]` or per parameter `{"x": {0: "batch"}}`;
+    `dynamic`: per position `[{0: "batch", 1: "seq"}]` or per parameter `{"x": {0: "batch"}}`, or
+    True (every dim torch.export can keep dynamic, named `x_dim0`, ...);
     ranges go in `ranges={"batch": (1, 64)}` or inside the `dynamic` dict. A plain function's
     string annotations (`x: "f32[B,512]"`) are hints too, and stand in for missing example inputs.
     """
