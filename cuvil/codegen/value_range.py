@@ -35,14 +35,19 @@ class Span:
 ANY = Span(-math.inf, math.inf, True)
 
 
+F32_MAX = 3.4028234663852886e38
+
+
 def _span(ends: list[float], nan: bool) -> Span:
     """The span of the finite-or-infinite values among `ends` (a NaN among them: NaN is possible),
-    widened by SLACK."""
+    widened by SLACK; an end beyond f32's largest finite value is infinite (f32 overflows there,
+    where float64 does not)."""
     values = [v for v in ends if not math.isnan(v)]
     if not values:
         return ANY
     lo, hi = min(values), max(values)
-    lo, hi = (lo - abs(lo) * SLACK if math.isfinite(lo) else lo), (hi + abs(hi) * SLACK if math.isfinite(hi) else hi)
+    lo = lo if math.isinf(lo) else -math.inf if lo < -F32_MAX / 2 else lo - abs(lo) * SLACK
+    hi = hi if math.isinf(hi) else math.inf if hi > F32_MAX / 2 else hi + abs(hi) * SLACK
     return Span(lo, hi, nan or len(values) < len(ends))
 
 
