@@ -1197,6 +1197,7 @@ ATEN_TABLE = {
     operator.mul: symbolic_int,
     operator.floordiv: symbolic_int,
     operator.mod: symbolic_int,
+    operator.pow: symbolic_int,         # b * b written b**2 by torch's size arithmetic
     operator.getitem: getitem,
 }
 

@@ -70,6 +70,23 @@ def test_bad_hints_are_clear_errors(dynamic, message):
         import_model(AddBias().eval(), (torch.randn(4, 8), torch.randn(4, 8)), dynamic=dynamic)
 
 
+def test_a_size_torch_computes_as_a_power_of_a_dynamic_dim():
+    """A tensor broadcast to [b, b, ...] and then reshaped: torch's size arithmetic writes b * b as
+    b**2 (operator.pow on symbolic ints), which once stopped the import as an unsupported 'pow'."""
+    import cuvil
+    w = torch.randn(17, 17)
+
+    def f(x):
+        t = x.transpose(-1, -2)
+        return ((t + t[:, -1]) @ w).unflatten(3, (-1, 1))
+
+    fast = cuvil.compile(f, dynamic=[{0: "b"}])
+    for b in (3, 5, 1):
+        x = torch.randn(b, 1, 17, 8)
+        torch.testing.assert_close(fast(x), f(x))
+    assert fast.num_variants == 1
+
+
 def test_training_mode_is_refused():
     with pytest.raises(CuvilError, match="training mode"):
         import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))
