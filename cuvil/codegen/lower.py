@@ -84,8 +84,12 @@ def fusible_operands(op: Operation) -> list[Value]:
     """The operands of op whose producers may be computed inside op's kernel. The others are read
     from memory: the operands BLAS reads in a GEMM-based op (an im2col convolution gathers its
     input element by element, so that one may be computed, e.g. a fused permute), and the table of a gather
-    (read at a data-dependent index, which on-demand recomputation cannot follow)."""
+    (read at a data-dependent index, which on-demand recomputation cannot follow), and a copy's
+    operand: a copy duplicates a buffer (a value returned twice), and a view it read through would
+    be recomputed from a value its own kernel may not have stored."""
     from .library import gathered_operands
+    if op.name == "cuvil.copy":
+        return []
     kind = op_kind(op)
     if kind == "library":
         return gathered_operands(op)

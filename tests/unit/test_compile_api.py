@@ -146,6 +146,22 @@ def test_outputs_that_are_inputs_weights_or_repeated_get_their_own_buffers():
     torch.testing.assert_close(outs[3], x * 2)
 
 
+@pytest.mark.parametrize("pipeline", ["O0", "O1", "O3"])
+def test_a_view_of_a_fused_value_returned_twice(pipeline):
+    """(y.t(), y.t()) with y = -x: cse makes it one value returned twice, fused with the negation;
+    the second output's copy reads the stored view (it once recomputed the view from y, which the
+    fused kernel never stored)."""
+    def f(x):
+        y = -x
+        return y.t(), y.t(), y[1:], y[1:], x.t(), x.t()
+
+    x = torch.randn(4, 5)
+    outs = cuvil.compile(f, pipeline=pipeline)(x)
+    for o, w in zip(outs, f(x)):
+        torch.testing.assert_close(o, w)
+    assert len({o.data_ptr() for o in outs}) == 6
+
+
 # ----------------------------------------------------------------------------- guards and recompiles
 
 def test_recompile_on_dtype_change_says_why():
