@@ -128,6 +128,7 @@ UNMAPPED: dict[str, str] = {
     "mul": _NOT_COMPUTE,
     "floordiv": _NOT_COMPUTE,
     "mod": _NOT_COMPUTE,
+    "pow": _NOT_COMPUTE,
 }
 
 
