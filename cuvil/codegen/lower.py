@@ -130,8 +130,8 @@ def _same_shape(a, b) -> bool:
 def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
     """None when `lower_group` computes the group correctly, else the rule it breaks and why.
 
-    Values read from memory must come from outside the group (and not be an inline constant, which
-    has no buffer). A GEMM-based op's epilogue runs inside the GEMM's parallel loop over the block
+    Values read from memory must come from outside the group (an inline constant read so gets a
+    kernel of its own: `grouping.kernel_roots`). A GEMM-based op's epilogue runs inside the GEMM's parallel loop over the block
     of the product each iteration computed, so everything that reads the product in the group must
     read it at that same index: only elementwise ops of the product's shape, and every output of
     the group must have that shape too. A window op or a view of the product would read elements
@@ -144,7 +144,7 @@ def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
         for v in op.operands:
             if any(v is f for f in fusible) or isinstance(v.owner, Function):
                 continue
-            if id(v.owner) in members or v.owner.name in INLINE_OPS:
+            if id(v.owner) in members:
                 what = "its table" if op_kind(op) == "gather" else "its operands"
                 return Refusal("memory-operand", f"{op.name} reads {what} from memory, but {v.owner.name} is "
                                                  f"computed in the group (it needs a kernel of its own)")
@@ -424,6 +424,8 @@ class GroupLowering:
 
     # -- buffers
     def _collect_buffers(self) -> None:
+        self.read_from_memory = {id(v) for op in self.ops for v in op.operands
+                                 if not any(v is f for f in fusible_operands(op))}
         for op in self.ops:
             for v in op.operands:
                 if self._is_source(v) and id(v) not in self.inputs:
@@ -434,8 +436,13 @@ class GroupLowering:
             raise CuvilVerifyError(f"group {self.name}: no op result is used outside the group")
 
     def _is_source(self, v: Value) -> bool:
-        """Read from memory: arguments and values of ops outside the group (but inline constants)."""
-        return isinstance(v.owner, Function) or (id(v.owner) not in self.members and v.owner.name not in INLINE_OPS)
+        """Read from memory: arguments and values of ops outside the group, but inline constants
+        that no op of the group reads from memory (a GEMM's operand): the others recompute them."""
+        if isinstance(v.owner, Function):
+            return True
+        if id(v.owner) in self.members:
+            return False
+        return v.owner.name not in INLINE_OPS or id(v) in self.read_from_memory
 
     def _buffer(self, v: Value, role: str) -> Buffer:
         self.values.append(v)

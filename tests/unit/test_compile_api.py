@@ -162,6 +162,29 @@ def test_a_view_of_a_fused_value_returned_twice(pipeline):
     assert len({o.data_ptr() for o in outs}) == 6
 
 
+def _matmul_by_ones(x):
+    return x @ torch.ones(4, 4)
+
+
+def _linear_by_full(x):
+    return torch.nn.functional.linear(x, torch.full((5, 4), 0.5)) + torch.full((5,), 0.25)
+
+
+def _attention_with_a_constant_mask(x):
+    mask = torch.ones(1, 3, 3, dtype=torch.bool).tril()
+    return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+
+
+@pytest.mark.parametrize("pipeline", ["O0", "O1", "O3"])
+@pytest.mark.parametrize("fn", [_matmul_by_ones, _linear_by_full, _attention_with_a_constant_mask])
+def test_a_library_call_reads_a_constant_tensor_made_in_the_model(fn, pipeline):
+    """torch.ones/full/tril in the model are inline constants; a GEMM or attention reads its
+    operand from memory, so the constant gets a kernel of its own (lowering once failed with an
+    internal error, or looked for a buffer it had not made)."""
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(cuvil.compile(fn, pipeline=pipeline)(x), fn(x))
+
+
 # ----------------------------------------------------------------------------- guards and recompiles
 
 def test_recompile_on_dtype_change_says_why():
