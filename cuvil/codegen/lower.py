@@ -291,6 +291,15 @@ def _flip(op, idx, v):
     return [out]
 
 
+def _unfold(op, idx, v):
+    """Window w's element j along dim d is element w * step + j."""
+    d = op.attrs["dim"]
+    out = list(idx[:-1])
+    if out:
+        out[d] = op.attrs["step"] * sympy.sympify(idx[d]) + sympy.sympify(idx[-1])
+    return [out]
+
+
 def _squeeze(op, idx, v):
     out, it = [], iter(idx)
     for k in range(op.operands[0].type.rank):
@@ -346,7 +355,7 @@ def _pad(op, idx, v):
 VIEWS: dict[str, Callable] = {
     "cuvil.permute": _permute, "cuvil.expand": _expand, "cuvil.slice": _slice, "cuvil.squeeze": _squeeze,
     "cuvil.unsqueeze": _unsqueeze, "cuvil.select": _select, "cuvil.split": _split, "cuvil.reshape": None,
-    "cuvil.pad": _pad, "cuvil.flip": _flip,
+    "cuvil.pad": _pad, "cuvil.flip": _flip, "cuvil.unfold": _unfold,
 }
 
 

@@ -200,6 +200,10 @@ def split(L: Lowering, x, _sizes, dim=0):
     return tuple(L.multi("cuvil.split", [x], dim=dim, sizes=sizes))
 
 
+def unfold(L: Lowering, x, dim, size, step):
+    return L.op("cuvil.unfold", x, dim=L.axis(dim, max(x.type.rank, 1)), size=size, step=step)
+
+
 def cat(L: Lowering, xs, dim=0):
     dtype = L.out_dtype()
     rank = max(x.type.rank for x in xs)
@@ -1154,6 +1158,7 @@ ATEN_TABLE = {
     aten.cat.default: cat,
     aten.pad.default: pad,
     aten.flip.default: flip,
+    aten.unfold.default: unfold,
     aten.roll.default: roll,
     aten.repeat.default: repeat,
     aten.constant_pad_nd.default: lambda L, x, pads, value=0: pad(L, x, pads, "constant", value),

@@ -1,4 +1,4 @@
-"""Layout ops: views (reshape, permute, expand, slice, flip, split, squeeze, unsqueeze, select),
+"""Layout ops: views (reshape, permute, expand, slice, flip, unfold, split, squeeze, unsqueeze, select),
 cat, pad, index_select, gather, triu/tril and copy."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sympy
 import torch
 
 from ..core import OpDef, optional, register_op, required
-from ..types import Dim, DType, TensorType, dims_equal, norm_dim
+from ..types import Dim, DType, TensorType, dims_equal, floordiv, norm_dim
 from .common import (broadcast_shapes, ceildiv, check_axes, check_axis, dims, is_one, product, promote,
                      require_integer, shape_str, types_str)
 
@@ -267,6 +267,36 @@ class FlipOp(OpDef):
     @staticmethod
     def evaluate(attrs, x):
         return torch.flip(x, attrs["dims"])
+
+
+@register_op
+class UnfoldOp(OpDef):
+    """`x.unfold(dim, size, step)`: every window of `size` elements along `dim`, `step` apart, as
+    a new last dim; `dim` becomes the window count (windows overlap where step < size)."""
+    name = "cuvil.unfold"
+    operands = ("x",)
+    attrs = {"dim": required("int"), "size": required("int"), "step": required("int")}
+    tags = VIEW
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        (x,) = types
+        dim = check_axis(attrs["dim"], max(x.rank, 1))
+        size, step = attrs["size"], attrs["step"]
+        length = x.shape[dim] if x.rank else 1
+        if step < 1 or size < 0:
+            raise ValueError(f"unfold needs size >= 0 and step >= 1, got size = {size}, step = {step}")
+        if isinstance(length, int) and length < size:
+            raise ValueError(f"unfold: dim {dim} has {length} elements, fewer than the window size {size}")
+        if x.rank == 0:         # torch: a 0-d tensor unfolds to its one window
+            return [x.with_shape((size,))]
+        windows = norm_dim(floordiv(norm_dim(sympy.sympify(length) - size), step) + 1)
+        return [x.with_shape(x.shape[:dim] + (windows,) + x.shape[dim + 1:] + (size,))]
+
+    @staticmethod
+    def evaluate(attrs, x):
+        return x.unfold(attrs["dim"], attrs["size"], attrs["step"])
 
 
 @register_op
