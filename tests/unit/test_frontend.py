@@ -87,6 +87,23 @@ def test_a_size_torch_computes_as_a_power_of_a_dynamic_dim():
     assert fast.num_variants == 1
 
 
+def test_unfold_of_a_dynamic_length_serves_every_length():
+    """Frames of a signal whose length is dynamic: the window count (n - 4) // 2 + 1 is symbolic,
+    and the frames are a view that the reduction reads through."""
+    import cuvil
+
+    def frames(x):
+        w = x.unfold(1, 4, 2)
+        return w.sum(-1), w[:, -1]
+
+    fast = cuvil.compile(frames, dynamic=[{1: "n"}], ranges={"n": (6, 4096)})
+    for n in (9, 12, 31):
+        x = torch.randn(3, n)
+        for got, want in zip(fast(x), frames(x)):
+            torch.testing.assert_close(got, want)
+    assert fast.num_variants == 1
+
+
 def test_training_mode_is_refused():
     with pytest.raises(CuvilError, match="training mode"):
         import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))
