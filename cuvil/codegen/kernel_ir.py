@@ -211,7 +211,7 @@ FUNCS: dict[str, FuncSig] = {
     **{f: FuncSig(1, _FLOAT, "same") for f in _UNARY_FLOAT},
     **{f: FuncSig(1, _NUM, "same") for f in ("neg", "abs", "sign")},
     "not": FuncSig(1, frozenset({DType.bool}), "same"),
-    **{f: FuncSig(2, _NUM, "same") for f in ("add", "sub", "mul", "max", "min", "floordiv", "rem")},
+    **{f: FuncSig(2, _NUM, "same") for f in ("add", "sub", "mul", "max", "min", "floordiv", "rem", "fmod")},
     **{f: FuncSig(2, _FLOAT, "same") for f in ("div", "pow", "atan2")},
     **{f: FuncSig(2, _LOGIC, "same") for f in ("and", "or", "xor")},
     **{f: FuncSig(2, _ANY, "bool") for f in ("eq", "ne", "lt", "le", "gt", "ge")},

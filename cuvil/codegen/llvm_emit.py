@@ -827,9 +827,13 @@ def _float_floordiv(em, x, y):
 
 
 def _float_rem(em, x, y):
-    # torch.remainder: x - floor(x / y) * y (the sign follows y); fused to keep it exact for small quotients
-    q = _float_floordiv(em, x, y)
-    return em.b.call(intrinsic(em.b.module, "fmuladd", F32, [F32] * 3, [F32]), [em.b.fneg(q), y, x])
+    """torch.remainder, as ATen computes it: fmod (exact), plus y where the signs differ."""
+    b = em.b
+    r = em.mb.math.call(b, "fmod", [x, y])
+    zero = ir.Constant(F32, 0.0)
+    fix = b.and_(b.fcmp_ordered("!=", r, zero), b.icmp_unsigned("!=", b.fcmp_ordered("<", r, zero),
+                                                                 b.fcmp_ordered("<", y, zero)))
+    return b.select(fix, b.fadd(r, y), r)
 
 
 FLOAT_OPS: dict[str, Callable] = {
@@ -852,7 +856,7 @@ FLOAT_OPS: dict[str, Callable] = {
     "floordiv": _float_floordiv,
     "rem": _float_rem,
     **{f: _math(f) for f in ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan",
-                             "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "atan2")},
+                             "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "atan2", "fmod")},
     **{c: (lambda p: lambda em, x, y: em.b.fcmp_ordered(p, x, y))(p)
        for c, p in (("eq", "=="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
     "ne": lambda em, x, y: em.b.fcmp_unordered("!=", x, y),
@@ -890,6 +894,12 @@ def _int_rem(em, x, y):
     return b.select(bad, ir.Constant(x.type, 0), r)
 
 
+def _int_fmod(em, x, y):
+    """C's remainder (the sign follows x); 0 for a zero divisor, as `_int_rem`."""
+    d, bad = _int_divisor(em, x, y)
+    return em.b.select(bad, ir.Constant(x.type, 0), em.b.srem(x, d))
+
+
 def _int_sign(em, x):
     b = em.b
     zero = ir.Constant(x.type, 0)
@@ -908,6 +918,7 @@ INT_OPS: dict[str, Callable] = {
     "sign": _int_sign,
     "floordiv": _int_floordiv,
     "rem": _int_rem,
+    "fmod": _int_fmod,
     "not": lambda em, x: em.b.not_(x),
     **{c: (lambda p: lambda em, x, y: (em.b.icmp_unsigned if x.type == I1 else em.b.icmp_signed)(p, x, y))(p)
        for c, p in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},

@@ -414,6 +414,32 @@ def _atan2(o32: Ops, y, x):
     return b.fptrunc(o.binary("copysign", r, yd), F32)
 
 
+# |y| 2^j for the steps of `_fmod`: each takes 40 bits off the quotient; f32 exponents differ by at most 277
+FMOD_STEPS = tuple(range(240, -1, -40))
+
+
+def _fmod(o32: Ops, x, y):
+    """C's fmod (torch.fmod), exact for every quotient: |x| reduced modulo |y| 2^j for j = 240, 200,
+    ..., 0 in f64, then x's sign. Each step's quotient is below 2^41 and the remainders are multiples
+    of the finer of the operands' last bits, so each f64 product and difference is exact; a quotient
+    one off (through the reciprocal) leaves a remainder in (-t, 2t), which the next step, and
+    after the last a correction by |y|, takes in."""
+    b = o32.b
+    o = Ops(b, F64)
+    xd = b.fpext(x, F64)
+    ax, ay = o.unary("fabs", xd), o.unary("fabs", b.fpext(y, F64))
+    inverse = o.div(o.c(1.0), ay)
+    r = ax
+    for j in FMOD_STEPS:
+        q = o.unary("trunc", o.mul(r, o.mul(inverse, o.c(2.0 ** -j))))
+        r = o.fma(b.fneg(q), o.mul(ay, o.c(2.0 ** j)), r)
+    r = o.sel(o.cmp("<", r, o.c(0.0)), o.add(r, ay), r)
+    r = o.sel(o.cmp(">=", r, ay), o.sub(r, ay), r)
+    # x mod inf = x for a finite x (the steps computed 0 * inf); inf mod y and x mod 0 are NaN already
+    r = o.sel(o.cmp("==", ay, o.c(math.inf)), o.sel(o.cmp("<", ax, o.c(math.inf)), ax, o.c(math.nan)), r)
+    return b.fptrunc(o.binary("copysign", r, xd), F32)
+
+
 def _log_f64(o: Ops, a):
     """log of a positive, finite, normal f64 (any f32 magnitude is normal in f64)."""
     b = o.b
@@ -541,7 +567,8 @@ F32_FUNCS = {"exp": _exp, "log": _log,
              "log1p": _log1p, "expm1": _expm1, "tanh": _tanh, "erf": _erf,
              "sigmoid": _sigmoid, "sin": _sin, "cos": _cos, "tan": _tan, "atan": _atan, "asin": _asin, "acos": _acos,
              "sinh": _f64_unary(_sinh64), "cosh": _f64_unary(_cosh64), "asinh": _f64_unary(_asinh64),
-             "acosh": _f64_unary(_acosh64), "atanh": _f64_unary(_atanh64), "pow": _pow, "atan2": _atan2}
+             "acosh": _f64_unary(_acosh64), "atanh": _f64_unary(_atanh64), "pow": _pow, "atan2": _atan2,
+             "fmod": _fmod}
 
 
 class MathLib:

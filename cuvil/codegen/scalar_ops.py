@@ -147,7 +147,8 @@ _BOOL_FORMS = {"add": "or", "mul": "and", "max": "or", "min": "and"}
 emitter("atan2")(lambda attrs, y, x: call("atan2", y, x))
 
 for _name, _fn in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"), ("maximum", "max"),
-                   ("minimum", "min"), ("floor_div", "floordiv"), ("remainder", "rem")):
+                   ("minimum", "min"), ("floor_div", "floordiv"), ("remainder", "rem"),
+                   ("fmod", "fmod")):
     emitter(_name)((lambda fn: lambda attrs, a, b: call(_BOOL_FORMS.get(fn, fn) if a.dtype == DType.bool else fn,
                                                         a, b))(_fn))
 

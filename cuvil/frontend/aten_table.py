@@ -1039,6 +1039,8 @@ ATEN_TABLE = {
     aten.floor_divide.default: binary("cuvil.floor_div"),
     aten.remainder.Tensor: binary("cuvil.remainder"),
     aten.remainder.Scalar: binary("cuvil.remainder"),
+    aten.fmod.Tensor: binary("cuvil.fmod"),
+    aten.fmod.Scalar: binary("cuvil.fmod"),
     aten.pow.Tensor_Scalar: pow_,
     aten.pow.Tensor_Tensor: pow_,
     aten.pow.Scalar: pow_,

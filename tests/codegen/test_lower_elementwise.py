@@ -23,11 +23,11 @@ BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
     "maximum": torch.maximum, "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt,
     "le": torch.le, "gt": torch.gt, "ge": torch.ge, "floor_div": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    "remainder": torch.remainder,
+    "remainder": torch.remainder, "fmod": torch.fmod,
 }
 INT_BINARY = {"add": torch.add, "mul": torch.mul, "maximum": torch.maximum, "floor_div":
               lambda a, b: torch.div(a, b, rounding_mode="floor"), "remainder": torch.remainder,
-              "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "lt": torch.lt}
+              "fmod": torch.fmod, "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "lt": torch.lt}
 
 
 def _ops(names, arity):

@@ -1,5 +1,7 @@
-"""Cuvil's own exp/log/log1p/expm1/tanh/erf/sigmoid, trigonometric and hyperbolic functions, pow and atan2 (mathlib.py): accuracy in ULPs against float64
+"""Cuvil's own exp/log/log1p/expm1/tanh/erf/sigmoid, trigonometric and hyperbolic functions, pow, atan2 and fmod (mathlib.py): accuracy in ULPs against float64
 over wide ranges, agreement with eager torch, and IEEE special values (inf, nan, 0, denormals)."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -28,7 +30,9 @@ KERNELS = (
     "kernel @power(%a: in f32[s0], %b: in f32[s0], %out: out f32[s0]) dims(s0) {\n"
     "  parallel for i in 0..s0 {\n    %out[i] = pow(%a[i], %b[i])\n  }\n}\n"
     "kernel @angle(%y: in f32[s0], %x: in f32[s0], %out: out f32[s0]) dims(s0) {\n"
-    "  parallel for i in 0..s0 {\n    %out[i] = atan2(%y[i], %x[i])\n  }\n}\n")
+    "  parallel for i in 0..s0 {\n    %out[i] = atan2(%y[i], %x[i])\n  }\n}\n"
+    "kernel @modulo(%x: in f32[s0], %y: in f32[s0], %fmod: out f32[s0], %rem: out f32[s0]) dims(s0) {\n"
+    "  parallel for i in 0..s0 {\n    %fmod[i] = fmod(%x[i], %y[i])\n    %rem[i] = rem(%x[i], %y[i])\n  }\n}\n")
 
 
 @pytest.fixture(scope="module", params=["host", "portable"])
@@ -162,3 +166,28 @@ def test_atan2_accuracy_and_special_cases(compiled):
     assert torch.equal(torch.signbit(out[out == 0]), torch.signbit(torch.atan2(y, x)[out == 0]))
     # the others correctly rounded (torch's own f32 atan2(1, 1) is an ulp off pi/4)
     assert max_ulp(out[~special], torch.atan2(y[~special].double(), x[~special].double())) <= 0.5 + 1e-6
+
+
+def test_fmod_is_exact_for_every_quotient(compiled):
+    """fmod's result is representable, so it must be exact: against Python's math.fmod (exact, in
+    float64) on operands whose quotients reach 2^276, where torch's own f32 fmod gives NaN (its
+    quotient overflows). remainder (fmod plus y where the signs differ) equals torch wherever
+    torch's is finite."""
+    g = torch.Generator().manual_seed(3)
+    n = 20_000
+    scale = lambda: 10.0 ** torch.randint(-40, 39, (n,), generator=g)   # noqa: E731
+    special = [0.0, -0.0, 5.0, -5.0, 1e-45, -3e38, 3.4e38, math.inf, -math.inf, math.nan]
+    sx, sy = (t.reshape(-1) for t in torch.meshgrid(torch.tensor(special), torch.tensor(special), indexing="ij"))
+    x = torch.cat([torch.randn(n, generator=g) * scale(), sx]).float()
+    y = torch.cat([torch.randn(n, generator=g) * scale(), sy]).float()
+    fmod, rem = torch.empty_like(x), torch.empty_like(x)
+    call_kernel(compiled, "modulo", [x, y, fmod, rem])
+    exact = torch.tensor([math.fmod(a, b) if math.isfinite(a) and b != 0 and not math.isnan(b) else math.nan
+                          for a, b in zip(x.tolist(), y.tolist())]).float()
+    torch.testing.assert_close(fmod, exact, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(fmod[fmod == 0]), torch.signbit(exact[fmod == 0]))
+    assert (torch.fmod(x, y).isnan() & ~exact.isnan()).any()         # the quotients torch cannot do
+    eager = torch.remainder(x, y)
+    finite = ~eager.isnan()
+    torch.testing.assert_close(rem[finite], eager[finite], rtol=0, atol=0)
+    assert torch.equal(rem.isnan() & finite, torch.zeros_like(finite))

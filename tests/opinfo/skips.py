@@ -99,6 +99,8 @@ UNMAPPED: dict[str, str] = {
     "aten.clamp_max.default": "OpInfo's clamp_max samples bound by tensors, which export as aten.clamp.Tensor "
                               "(no row), and no OpInfo decomposes to the scalar form",
     "aten.pow.Scalar": "only logspace decomposes to it, and its decomposition computes in float64 (see NOT_RUN)",
+    "aten.fmod.Scalar": "OpInfo's fmod samples divide by tensors only; tests/unit/test_frontend.py::"
+                        "test_fmod_and_remainder_by_a_python_number compiles the scalar form against eager",
     "aten.sub.Scalar": "only cosine_embedding_loss and nanquantile decompose to it, and both also need ops "
                        "without a row (empty_permuted; sort, isnan)",
     "aten._softmax.default": "torch.export keeps softmax.int whole for Cuvil (its decomposition table leaves it "

@@ -104,6 +104,19 @@ def test_unfold_of_a_dynamic_length_serves_every_length():
     assert fast.num_variants == 1
 
 
+@pytest.mark.parametrize("divisor", [2.5, -3, 7])
+def test_fmod_and_remainder_by_a_python_number(divisor):
+    """aten.fmod.Scalar / remainder.Scalar: C's sign (x's) and Python's (the divisor's)."""
+    import cuvil
+
+    def f(x, i):
+        return torch.fmod(x, divisor), torch.remainder(x, divisor), torch.fmod(i, 3), x % divisor
+
+    x, i = torch.randn(64) * 20, torch.arange(-20, 20)
+    for got, want in zip(cuvil.compile(f)(x, i), f(x, i)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_training_mode_is_refused():
     with pytest.raises(CuvilError, match="training mode"):
         import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))

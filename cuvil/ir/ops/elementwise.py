@@ -247,6 +247,7 @@ BitwiseAndOp = binary("bitwise_and", torch.bitwise_and, _bitwise, commutative=Tr
 BitwiseOrOp = binary("bitwise_or", torch.bitwise_or, _bitwise, commutative=True)
 FloorDivOp = binary("floor_div", lambda a, b: torch.div(a, b, rounding_mode="floor"), _arith)
 RemainderOp = binary("remainder", torch.remainder, _arith)
+FmodOp = binary("fmod", torch.fmod, _arith)
 
 
 @register_op
