@@ -44,7 +44,7 @@ def kernel_roots(fn: Function) -> list[Operation]:
     (nothing returned depends on them: a pipeline without `dce` keeps them)."""
     live = live_ops(fn)
     return [op for op in fn.ops if op.name not in SKIP_OPS and id(op) in live
-            and (op_kind(op) not in REMATERIALIZED or needs_memory(op))]
+            and (op_kind(op) not in REMATERIALIZED or needs_memory(op, live))]
 
 
 def live_ops(fn: Function) -> set[int]:

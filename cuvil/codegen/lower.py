@@ -74,9 +74,10 @@ def op_kind(op: Operation) -> str:
 REMATERIALIZED = frozenset({"inline", "view"})
 
 
-def needs_memory(op: Operation) -> bool:
-    """Some user reads op's result from memory: a return, or an operand outside `fusible_operands`."""
-    return any(u.name == "cuvil.return" or not any(o is r for o in fusible_operands(u))
+def needs_memory(op: Operation, live: set[int]) -> bool:
+    """Some live user (`live`: ids, `grouping.live_ops`) reads op's result from memory: a return, or
+    an operand outside `fusible_operands`."""
+    return any(u.name == "cuvil.return" or (id(u) in live and not any(o is r for o in fusible_operands(u)))
                for r in op.results for u in r.uses)
 
 

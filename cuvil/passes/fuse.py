@@ -129,7 +129,7 @@ class Fusion:
                                                               f"reading each element several times")))
                 escape = escape or f"{self.value(p)} is gathered by {u.name}"
             else:
-                if (op_kind(u) not in REMATERIALIZED or needs_memory(u)) and u not in readers:
+                if (op_kind(u) not in REMATERIALIZED or needs_memory(u, self.live)) and u not in readers:
                     readers.append(u)
                 if op_kind(u) in REMATERIALIZED:
                     stack.extend((r, w, u) for r in u.results for w in r.uses)

@@ -53,13 +53,16 @@ def test_results_hold_with_passes_switched_off(name, off):
 
 
 class DeadValues(torch.nn.Module):
-    """Values nothing returned depends on: one op, a chain of two, and a reduction of a live value."""
+    """Values nothing returned depends on: one op, a chain of two, a reduction of a live value, and
+    an attention reading a view of a live value."""
 
     def forward(self, x):
         y = torch.relu(x) * 2
         torch.tanh(x)
         torch.exp(torch.sigmoid(y))
         y.sum(-1)
+        v = y.unsqueeze(0)
+        torch.nn.functional.scaled_dot_product_attention(v, v, v * 2)
         return y + 1
 
 
@@ -72,5 +75,20 @@ def test_dead_values_get_no_kernel_without_dce(pipeline, off):
     x = torch.randn(4, 6)
     torch.testing.assert_close(compiled(x), model(x))
     assert "cuvil.tanh" in compiled.report.output_ir             # still in the IR: no pass removed it
-    assert not any(op["name"] in ("cuvil.tanh", "cuvil.exp", "cuvil.sum")
+    assert not any(op["name"] in ("cuvil.tanh", "cuvil.exp", "cuvil.sum", "cuvil.sdpa", "cuvil.unsqueeze")
                    for k in compiled.report.kernels for op in k["ops"])
+
+
+@pytest.mark.parametrize("pipeline", ["O1", "O3"])
+def test_a_dead_reader_from_memory_does_not_count_without_dce(pipeline):
+    """A dead attention reads conv1d's squeezed output from memory: that squeeze needs no buffer
+    (fuse once failed with a KeyError, counting the dead reader)."""
+    w = torch.randn(4, 3, 3)
+
+    def f(x):
+        y = torch.nn.functional.conv1d(x, w)
+        torch.nn.functional.scaled_dot_product_attention(y, y, y * 2)
+        return y + 1
+
+    x = torch.randn(1, 3, 8)
+    torch.testing.assert_close(cuvil.compile(f, pipeline=pipeline, disable_passes=["dce"])(x), f(x))
