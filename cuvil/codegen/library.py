@@ -32,7 +32,7 @@ from ..ir.ops.common import pair
 from ..ir.ops.nn import spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import bounds, broadcast_index, floor_div, index_max, index_min, modulo, tile_extent
-from .kernel_ir import TOPK_DTYPES, Buffer, BufRef, Const, Gemm, Index, Load, Store, TopK, compute_dtype
+from .kernel_ir import TOPK_DTYPES, Buffer, BufRef, Cast, Const, Gemm, Index, Load, Store, TopK, compute_dtype
 from .scalar_ops import call, cast, const
 
 ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
@@ -664,7 +664,9 @@ def sdpa(lw, op):
     lw.materialized[id(op.result)] = lambda idx: Load(T, idx)
     *batch, L, E = q.type.shape
     S, Ev = k.type.shape[-2], v.type.shape[-1]
-    scale = op.attrs["scale"] if op.attrs["scale"] is not None else 1 / math.sqrt(E)
+    # torch's default scale 1/sqrt(E); for a dynamic E, computed at run time and applied to the logits
+    scale = op.attrs["scale"] if op.attrs["scale"] is not None else 1 / math.sqrt(E) if isinstance(E, int) else None
+    logit_scale = const(scale, DType.f32) if scale is not None else call("rsqrt", Cast(Index(E), DType.f32))
     tiles = norm_dim(sympy.ceiling(sympy.sympify(L) / ATTENTION_ROWS))
     n_batch = norm_dim(sympy.Mul(*batch))
     scores = lw.scratch(DType.f32, [norm_dim(n_batch * tiles), ATTENTION_ROWS, S])
@@ -680,7 +682,8 @@ def sdpa(lw, op):
         batch_idx = _decompose(lw, b, batch)
         scores_at, q_at = BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E)
         if k_panels is None:
-            lw.emit(Gemm(scores_at, q_at, BufRef(K, b * S * E), rows, S, E, E, E, S, trans_b=True, alpha=scale))
+            lw.emit(Gemm(scores_at, q_at, BufRef(K, b * S * E), rows, S, E, E, E, S, trans_b=True,
+                         alpha=1.0 if scale is None else scale))
         else:
             kt = _pack(lw, k_panels, p, lambda e, j: Load(K, batch_idx + [j, e]), E, S)
             lw.emit(Gemm(scores_at, q_at, kt, rows, S, E, E, 0, S, b_panels=RUNTIME_PANEL))
@@ -690,8 +693,8 @@ def sdpa(lw, op):
 
             def logit(j):
                 s = Load(scores, [p, r, j])
-                if k_panels is not None:
-                    s = call("mul", s, const(scale, DType.f32))
+                if k_panels is not None or scale is None:
+                    s = call("mul", s, logit_scale)
                 keep = None
                 if op.attrs["is_causal"]:
                     keep = call("le", Index(j), Index(i))

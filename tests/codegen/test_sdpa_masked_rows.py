@@ -1,4 +1,4 @@
-"""A fully masked attention row attends to nothing: eager PyTorch gives zeros there, so must Cuvil."""
+"""Attention: a fully masked row attends to nothing (eager PyTorch gives zeros there, so must Cuvil); K^T and V packed at run time; a dynamic head dim."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -43,3 +43,17 @@ def test_attention_on_runtime_panels(kind):
     expected = fn(q.double(), k.double(), v.double(), *(m.double() if m.is_floating_point() else m
                                                          for m in args[3:])).float()
     torch.testing.assert_close(cuvil.compile(fn)(*args), expected, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("seq", [5, 40])         # 40: K^T and V packed in panels at run time
+def test_a_dynamic_head_dim_scales_by_its_runtime_size(seq):
+    """With the head dim E dynamic, torch's default scale 1/sqrt(E) is known only at run time (its
+    compile-time float once raised a bare TypeError)."""
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    fast = cuvil.compile(f, dynamic=[{3: "e"}, {3: "e"}, {3: "e"}])
+    for e in (8, 12, 3):
+        q, k, v = (torch.randn(2, 3, seq, e) for _ in range(3))
+        torch.testing.assert_close(fast(q, k, v), f(q, k, v))
+    assert fast.num_variants == 1
