@@ -635,11 +635,8 @@ class CompiledModel:
             try:
                 variant = self._compile(args, kwargs)
             except CuvilExportError as e:
-                if not note.get("auto"):
+                if not self._replan(note, e):
                     return self._fail(e)
-                for name, axis in note["auto"]:     # torch.export could not keep them dynamic
-                    del self._auto[name][axis]
-                note["static"] = str(e).splitlines()[0]
                 try:
                     variant = self._compile(args, kwargs)
                 except Exception as e2:
@@ -674,7 +671,7 @@ class CompiledModel:
 
     def _plan(self, reasons: list[Mismatch], args: tuple, kwargs: dict) -> dict:
         """Adjust the dynamic dims and ranges for the mismatches that call for it."""
-        note: dict = {"auto": [], "widened": []}
+        note: dict = {"auto": [], "widened": [], "sizes": {}}
         if not self._variants:
             return note
         guard = self._variants[-1].guard
@@ -691,12 +688,35 @@ class CompiledModel:
                 lo, hi = guard.ranges[guard.symbols.index(m.symbol)]
                 self._ranges[hint] = (min(lo, m.size), max(hi, m.size))
                 note["widened"].append((hint, self._ranges[hint]))
+                note["sizes"][hint] = m.size
         return note
+
+    def _replan(self, note: dict, e: CuvilExportError) -> bool:
+        """After torch.export refused the plan: dims made dynamic automatically become static again;
+        a widened range becomes the range torch suggests around this call's size (the model
+        specialises on the size: `x[:, :100]` is another program from 100 on). False: no other plan."""
+        if note.get("auto"):
+            for name, axis in note["auto"]:     # torch.export could not keep them dynamic
+                del self._auto[name][axis]
+            note["static"] = str(e).splitlines()[0]
+            return True
+        widened = dict(note.get("widened", []))
+        if not widened or any(hint not in e.suggested_ranges for hint in widened):
+            return False
+        for hint, size in note["sizes"].items():
+            lo, hi = e.suggested_ranges[hint]
+            if not lo <= size <= hi:
+                return False
+        note["widened"], note["suggested"] = [], [(hint, e.suggested_ranges[hint]) for hint in widened]
+        self._ranges.update(note["suggested"])
+        return True
 
     @staticmethod
     def _describe(note: dict) -> str:
         parts = [f"{name} dim {axis} made dynamic" for name, axis in note.get("auto", [])]
         parts += [f"range of {hint} widened to [{lo}, {hi}]" for hint, (lo, hi) in note.get("widened", [])]
+        parts += [f"range of {hint} set to [{lo}, {hi}], the one torch.export suggests (the model specialises "
+                  f"on it)" for hint, (lo, hi) in note.get("suggested", [])]
         if note.get("static"):
             parts = [f"compiled static (torch.export could not keep the dims dynamic: {note['static']})"]
         return ", ".join(parts)

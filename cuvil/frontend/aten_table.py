@@ -22,7 +22,8 @@ import sympy
 import torch
 
 from ..ir import DType
-from ..ir.types import dims_equal, norm_dim
+from ..codegen.index_math import bounds
+from ..ir.types import dims_equal, norm_dim, sym
 from ..ir.ops.common import window_out
 from ..ir.ops.layout import PAD_MODES
 from .importer import Lowering, Unavailable
@@ -165,6 +166,8 @@ def slice_(L: Lowering, x, dim=0, start=None, end=None, step=1):
     dim = L.axis(dim, x.type.rank)
     size = x.type.shape[dim]
     start, end = _bound(L, start, size, 0), _bound(L, end, size, size)
+    if _at_most(L, norm_dim(sympy.sympify(end) - start), 0):
+        start = end             # empty at every size in the range (x[:, -3:18] of a dim from 21 on)
     if start == 0 and end == size and step == 1:
         return x
     return L.op("cuvil.slice", x, dim=dim, start=[start], end=[end], step=step)
@@ -172,7 +175,9 @@ def slice_(L: Lowering, x, dim=0, start=None, end=None, step=1):
 
 def _bound(L: Lowering, b, size, default):
     """A slice bound as a dim: None -> default; negative ints count from the end; static ints are
-    clamped (torch writes "to the end" as a huge int). Symbolic bounds are Cuvil dims already."""
+    clamped (torch writes "to the end" as a huge int), also at a symbolic size whose range
+    torch.export settled lies below them (`x[:, :100]` of a dim it found to be at most 99).
+    Symbolic bounds are Cuvil dims already."""
     if b is None:
         return default
     if not isinstance(b, int):
@@ -181,7 +186,15 @@ def _bound(L: Lowering, b, size, default):
         return max(0, min(b + size if b < 0 else b, size))
     if b < 0:
         return size + b
-    return size if b >= 1 << 62 else b
+    return size if b >= 1 << 62 or _at_most(L, size, b) else b
+
+
+def _at_most(L: Lowering, d, n: int) -> bool:
+    """Dim `d` is at most `n` over the ranges of its symbols."""
+    if isinstance(d, int):
+        return d <= n
+    span = bounds(d, {sym(name): r for name, r in L.symbols.ranges.items()})
+    return span is not None and span[1] <= n
 
 
 def select(L: Lowering, x, dim, index):

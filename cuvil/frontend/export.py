@@ -34,10 +34,12 @@ class Captured:
 
 
 class CuvilExportError(CuvilError):
-    """torch.export could not capture the model; carries torch's reason and the user's line."""
+    """torch.export could not capture the model; carries torch's reason, the user's line, and the
+    ranges torch suggests for dynamic dims it could not keep over the asked ones ({name: (lo, hi)})."""
 
-    def __init__(self, reason: str, source: str | None):
+    def __init__(self, reason: str, source: str | None, suggested_ranges: dict[str, tuple[int, int]] | None = None):
         self.reason, self.source = reason, source
+        self.suggested_ranges = suggested_ranges or {}
         text = f"torch.export could not capture the model: {reason}"
         super().__init__(text + (f"\n  at {source}" if source else ""))
 
@@ -88,7 +90,7 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
         raise
     except Exception as e:   # torch raises many kinds; all mean "could not capture"
         frame = exception_frame(e)
-        raise CuvilExportError(summarise(e), str(frame) if frame else None) from None
+        raise CuvilExportError(summarise(e), str(frame) if frame else None, suggested_ranges(e)) from None
     return Captured(ep, hints)
 
 
@@ -236,6 +238,11 @@ _STOP = re.compile(r"^(The following call raised this error|The error above occu
 _NOISE = re.compile(r"^(For more information|For more debugging help|For extended logs|If you suspect|"
                     r"For C\+\+ stack trace|consider using|Caused by:)")
 _DIM_FIX = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
+
+
+def suggested_ranges(e: BaseException) -> dict[str, tuple[int, int]]:
+    """The ranges torch's suggested fixes give dims (`x_dim1 = Dim('x_dim1', min=100, max=150)`)."""
+    return {m[2]: (int(m[3] or DEFAULT_RANGE[0]), int(m[4] or DEFAULT_RANGE[1])) for m in _DIM_FIX.finditer(str(e))}
 
 
 def summarise(e: BaseException, max_lines: int = 10) -> str:

@@ -256,6 +256,31 @@ def test_dynamic_true_makes_every_dim_dynamic_that_torch_export_can_keep():
     assert "%x: tensor<s0x16xf32>" in cuvil.explain(net, torch.randn(3, 16), dynamic=True).input_ir
 
 
+def test_a_slice_past_a_dynamic_dim_specialises_its_range_and_recompiles_at_the_boundary():
+    """x[:, 1:18] with a dynamic width: torch.export keeps the width dynamic below 18 (range [2, 17],
+    the slice clamped to it; the import once failed there), and a width past 17 is another program
+    (17 columns, whatever the width): the recompile takes the range torch suggests, [18, ...],
+    instead of failing on a range across the boundary."""
+    def f(x):
+        return x[:, 1:18] * 2, x[:, :100]
+
+    m = cuvil.compile(f, dynamic=True)
+    for n in (9, 30, 12, 17, 18, 40):
+        x = torch.randn(2, n)
+        for got, want in zip(m(x), f(x)):
+            torch.testing.assert_close(got, want)
+    assert m.num_variants == 3
+    second, third = m.explain_recompiles()
+    assert "range of x_dim1 set to [18, 30], the one torch.export suggests" in second
+    assert "range of x_dim1 widened to [18, 40]" in third
+    # a slice that is empty at every size of the range torch settles on (start s1 - 3 past 18)
+    g = cuvil.compile(lambda x: x[:, -3:18:3] + 1, dynamic=True)
+    for n in (9, 30, 25):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(g(x), x[:, -3:18:3] + 1)
+    assert g.num_variants == 2
+
+
 def test_dynamic_false_compiles_every_new_size_static():
     g = cuvil.compile(lambda x: x.sum(0), dynamic=False)
     for n in (3, 4, 5):
