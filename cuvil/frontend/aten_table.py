@@ -1218,6 +1218,8 @@ ATEN_TABLE = {
     operator.floordiv: symbolic_int,
     operator.mod: symbolic_int,
     operator.pow: symbolic_int,         # b * b written b**2 by torch's size arithmetic
+    torch.sym_max: symbolic_int,        # max(0, n - s) on sizes; a Max torch cannot simplify stays unsupported
+    torch.sym_min: symbolic_int,
     operator.getitem: getitem,
 }
 

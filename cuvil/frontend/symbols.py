@@ -58,6 +58,19 @@ class SymbolTable:
     def shape(self, t: torch.Tensor) -> tuple:
         return tuple(self.dim(d) for d in t.shape)
 
+    def _extreme(self, args: list, largest: bool):
+        """The argument of a Max (Min) that is at least (most) every other one over the ranges of
+        the symbols (`max(0, 1 - s)` with s >= 1 is 0), or None where the ranges do not decide it."""
+        from ..codegen.index_math import bounds
+        known = {sym(name): i.range for name, i in self.info.items()}
+        spans = [bounds(a, known) for a in args]
+        if any(s is None for s in spans):
+            return None
+        for k, (a, (lo, hi)) in enumerate(zip(args, spans)):
+            if all((lo >= o_hi) if largest else (hi <= o_lo) for j, (o_lo, o_hi) in enumerate(spans) if j != k):
+                return a
+        return None
+
     def _convert(self, e):
         if e.is_Integer:
             return int(e)
@@ -79,5 +92,14 @@ class SymbolTable:
             return floordiv(args[0] + args[1] - 1, args[1])
         if isinstance(e, (tfn.Mod, tfn.PythonMod, sympy.Mod)):
             return sympy.Mod(*args)
+        if isinstance(e, (sympy.Max, sympy.Min, tfn.Max, tfn.Min)):
+            decided = self._extreme(args, isinstance(e, (sympy.Max, tfn.Max)))
+            if decided is not None:
+                return decided
+            raise CuvilUnsupportedOpError(
+                "symbolic shape expression",
+                detail=f"size {type(e).__name__.lower()}({', '.join(str(a) for a in args)}) takes the larger or "
+                       f"smaller of sizes whose order the ranges of their dims do not decide; give ranges= that "
+                       f"decide it (a size at most the model's largest)")
         raise CuvilUnsupportedOpError("symbolic shape expression",
                                       detail=f"size '{e}' uses {type(e).__name__}, which Cuvil dims cannot express")

@@ -117,6 +117,25 @@ def test_fmod_and_remainder_by_a_python_number(divisor):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_a_max_of_sizes_is_the_argument_the_ranges_decide():
+    """torch's sym_max / sym_min (`max(0, n - s)` in MPT's attention bias) become the argument that
+    is the larger (smaller) over the symbols' ranges; a Max they do not decide is a clear refusal."""
+    import sympy
+    import torch.utils._sympy.functions as tfn
+
+    from cuvil.frontend.symbols import SymbolTable
+    from cuvil.ir.types import sym
+    s = sympy.Symbol("s70", integer=True, positive=True)
+    table = SymbolTable()
+    table.add(s, "seq", 2, 127)
+    s0 = sym("s0")
+    assert table.dim(tfn.Max(0, 128 - s)) == 128 - s0
+    assert table.dim(tfn.Max(0, 1 - s)) == 0
+    assert table.dim(tfn.Min(s, 200)) == s0
+    with pytest.raises(CuvilError, match=r"max\(0, 100 - s0\) takes the larger or smaller of sizes"):
+        table.dim(tfn.Max(0, 100 - s))
+
+
 def test_training_mode_is_refused():
     with pytest.raises(CuvilError, match="training mode"):
         import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))
