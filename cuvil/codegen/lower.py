@@ -62,7 +62,7 @@ def op_kind(op: Operation) -> str:
         return "inline"
     if op.name in REDUCTIONS:
         return "reduction"
-    if op.name in VIEWS or op.name in ("cuvil.cat", "cuvil.triu", "cuvil.tril"):
+    if op.name in VIEWS or op.name in ("cuvil.cat", "cuvil.slice_scatter", "cuvil.triu", "cuvil.tril"):
         return "view"
     if op.name in scalar_ops.EMITTERS:
         return "elementwise"
@@ -612,6 +612,8 @@ class GroupLowering:
             return self.value(op.operands[0], self.reshape_index(op.operands[0].type.shape, v.type.shape, idx))
         if op.name == "cuvil.cat":
             return self._cat(op, idx)
+        if op.name == "cuvil.slice_scatter":
+            return self._slice_scatter(op, idx)
         if op.name == "cuvil.pad" and op.attrs["mode"] == "constant":
             return self._constant_pad(op, idx)
         if op.name in ("cuvil.triu", "cuvil.tril"):
@@ -656,6 +658,24 @@ class GroupLowering:
             self.mask = saved
             result = piece if result is None else call("select", inside, piece, result)
         return result
+
+    def _slice_scatter(self, op: Operation, idx) -> Expr:
+        """src where the index falls on the slice (src's read masked elsewhere), x everywhere else."""
+        x, src = op.operands
+        d, step = op.attrs["dim"], op.attrs["step"]
+        start = slice_start(op)
+        rel = sympy.sympify(idx[d]) - start
+        inside = call("and", call("ge", Index(rel), Index(0)),
+                      call("lt", Index(rel), Index(sympy.sympify(src.type.shape[d]) * step)))
+        if step > 1:
+            inside = call("and", inside, call("eq", Index(modulo(rel, step, self.known)), Index(0)))
+        saved = self.mask
+        self.mask = inside if saved is None else call("and", saved, inside)
+        src_idx = list(idx)
+        src_idx[d] = floor_div(rel, step, self.known)
+        piece = self.value(src, src_idx)
+        self.mask = saved
+        return call("select", inside, piece, self.value(x, idx))
 
     def _constant_pad(self, op: Operation, idx) -> Expr:
         """The operand where the index falls inside it (the read masked elsewhere), the fill value outside."""

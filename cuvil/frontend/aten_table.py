@@ -145,6 +145,12 @@ def expand(L: Lowering, x, *_):
     return x if x.type.shape == shape else L.op("cuvil.expand", x, shape=list(shape))
 
 
+def copy(L: Lowering, x, src, *_):
+    """aten.copy (functionalised `x[...] = src` / `x.copy_(src)`): src broadcast to x's shape, in
+    x's dtype; x's values are not read."""
+    return expand(L, L.cast(src, L.out_dtype()))
+
+
 def permute(L: Lowering, x, perm):
     return L.op("cuvil.permute", x, perm=L.axes(perm, x.type.rank))
 
@@ -171,6 +177,25 @@ def slice_(L: Lowering, x, dim=0, start=None, end=None, step=1):
     if start == 0 and end == size and step == 1:
         return x
     return L.op("cuvil.slice", x, dim=dim, start=[start], end=[end], step=step)
+
+
+def slice_scatter(L: Lowering, x, src, dim=0, start=None, end=None, step=1):
+    dim = L.axis(dim, x.type.rank)
+    size = x.type.shape[dim]
+    start, end = _bound(L, start, size, 0), _bound(L, end, size, size)
+    src = L.cast(src, x.type.dtype)
+    if start == 0 and end == size and step == 1 and src.type.shape == x.type.shape:
+        return src
+    return L.op("cuvil.slice_scatter", x, src, dim=dim, start=[start], end=[end], step=step)
+
+
+def select_scatter(L: Lowering, x, src, dim, index):
+    """x[..., index, ...] = src: a one-wide slice_scatter of src with the dim put back."""
+    dim = L.axis(dim, x.type.rank)
+    size = x.type.shape[dim]
+    at = index % size if isinstance(size, int) else (size + index if index < 0 else index)
+    piece = L.op("cuvil.unsqueeze", L.cast(src, x.type.dtype), dim=dim)
+    return L.op("cuvil.slice_scatter", x, piece, dim=dim, start=[at], end=[norm_dim(sympy.sympify(at) + 1)], step=1)
 
 
 def _bound(L: Lowering, b, size, default):
@@ -1163,6 +1188,9 @@ ATEN_TABLE = {
     aten.reshape.default: reshape,
     aten.flatten.using_ints: reshape,
     aten.expand.default: expand,
+    aten.copy.default: copy,
+    aten.slice_scatter.default: slice_scatter,
+    aten.select_scatter.default: select_scatter,
     aten.permute.default: permute,
     aten.transpose.int: transpose,
     aten.t.default: t,

@@ -186,6 +186,8 @@ OPINFOS: dict[str, list[str]] = {
     "aten.pixel_unshuffle.default": ["nn.functional.pixel_unshuffle"],
     "aten.flip.default": ["flip", "fliplr", "flipud"],
     "aten.unfold.default": ["unfold", "unfold_copy"],
+    "aten.slice_scatter.default": ["slice_scatter"],
+    "aten.select_scatter.default": ["select_scatter"],
     "aten.roll.default": ["roll"],
     "aten.repeat.default": ["repeat", "tile"],
     "aten.max_pool2d_with_indices.default": ["nn.functional.max_pool2d", "nn.functional.max_pool1d"],

@@ -136,6 +136,35 @@ def test_a_max_of_sizes_is_the_argument_the_ranges_decide():
         table.dim(tfn.Max(0, 100 - s))
 
 
+@pytest.mark.parametrize("pipeline", ["O0", "O3"])
+def test_assignments_into_tensors_made_in_the_model(pipeline):
+    """In-place assignments torch.export makes functional: `z.copy_(y)` (aten.copy, y broadcast and
+    cast), `a[:, 1:4] = y` (slice_scatter), `b[:, 0] = z` (select_scatter), a strided slice filled
+    with a number, a negative index; with a dynamic batch. BEiT's relative position index is built
+    so in its forward."""
+    import cuvil
+
+    def f(x, y, z):
+        c = torch.zeros(x.shape[0], 3, dtype=torch.int64)
+        c.copy_(y * 10)
+        a = x.clone()
+        a[:, 1:4] = y
+        b = x.clone()
+        b[:, 0] = z
+        s = x.clone()
+        s[:, ::2] = 0.5
+        n = x.clone()
+        n[-1] = x[0] * 2
+        return c, a * 2, b + 1, s, n
+
+    fast = cuvil.compile(f, pipeline=pipeline, dynamic=[{0: "b"}, {0: "b"}, {0: "b"}])
+    for b in (3, 5, 2):
+        x, y, z = torch.randn(b, 6), torch.randn(b, 3), torch.randn(b)
+        for got, want in zip(fast(x, y, z), f(x, y, z)):
+            torch.testing.assert_close(got, want)
+    assert fast.num_variants == 1
+
+
 def test_training_mode_is_refused():
     with pytest.raises(CuvilError, match="training mode"):
         import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))

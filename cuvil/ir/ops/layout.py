@@ -1,5 +1,5 @@
 """Layout ops: views (reshape, permute, expand, slice, flip, unfold, split, squeeze, unsqueeze, select),
-cat, pad, index_select, gather, triu/tril and copy."""
+cat, slice_scatter, pad, index_select, gather, triu/tril and copy."""
 from __future__ import annotations
 
 import sympy
@@ -175,6 +175,32 @@ class CatOp(OpDef):
     @staticmethod
     def evaluate(attrs, *xs):
         return torch.cat(xs, attrs["dim"])
+
+
+@register_op
+class SliceScatterOp(OpDef):
+    """x with `x[start:end:step]` along `dim` replaced by src (torch.slice_scatter: what
+    `x[:, 1:] = y` becomes in a functional graph); bounds as in `cuvil.slice`."""
+    name = "cuvil.slice_scatter"
+    operands = ("x", "src")
+    attrs = {"dim": required("int"), "start": optional("dims", [0]), "end": required("dims"),
+             "step": optional("int", 1)}
+    tags = frozenset({"injective"})
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        x, src = types
+        (piece,) = SliceOp.infer([x], attrs)
+        if src.rank != x.rank or not all(dims_equal(a, b) for a, b in zip(src.shape, piece.shape)):
+            raise ValueError(f"slice_scatter: src {src} does not fit the slice {piece} of {x}")
+        if src.dtype != x.dtype:
+            raise ValueError(f"slice_scatter: src is {src.dtype}, x is {x.dtype} (cast it first)")
+        return [x]
+
+    @staticmethod
+    def evaluate(attrs, x, src):
+        return torch.slice_scatter(x, src, attrs["dim"], attrs["start"][0], attrs["end"][0], attrs["step"])
 
 
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
