@@ -4,7 +4,8 @@ ExportedProgram, through torch.export and `run_decompositions`.
 Hints name the dynamic dims of each input, per position (`[{0: "batch", 1: "seq"}]`) or per
 parameter name (`{"x": {0: "batch"}}`); the same name in two places is the same dimension.
 Ranges are `{"batch": (1, 64)}`, given with `ranges=` or inside the `dynamic` dict; a dim without
-one gets `DEFAULT_RANGE`. A plain function's string annotations (`x: "f32[B,512]"`) are hints too.
+one gets `DEFAULT_RANGE`, or the smaller range torch.export suggests where the model allows less. A
+plain function's string annotations (`x: "f32[B,512]"`) are hints too.
 """
 from __future__ import annotations
 
@@ -78,6 +79,20 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     module = model_or_fn if isinstance(model_or_fn, nn.Module) else as_module(model_or_fn)
     _check_inference_mode(module)
     record_user_frames(model_or_fn)
+    try:
+        ep = _export(module, args, kwargs, named, hints, ranges)
+    except CuvilExportError as e:
+        # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
+        # (BERT's positions end at 512), take the range torch suggests if the example lies in it
+        sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
+        fixes = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges}
+        if not fixes or not all(lo <= sizes[d] <= hi for d, (lo, hi) in fixes.items()):
+            raise
+        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes})
+    return Captured(ep, hints)
+
+
+def _export(module, args, kwargs, named: list[str], hints: Hints, ranges) -> torch.export.ExportedProgram:
     dims = _make_dims(hints, ranges)
     specs = {name: {ax: dims[d] for ax, d in h.items()} for name, h in hints.items()}
     shapes = {n: specs.get(n) for n in named} if kwargs else tuple(specs.get(n) for n in named)
@@ -91,7 +106,7 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     except Exception as e:   # torch raises many kinds; all mean "could not capture"
         frame = exception_frame(e)
         raise CuvilExportError(summarise(e), str(frame) if frame else None, suggested_ranges(e)) from None
-    return Captured(ep, hints)
+    return ep
 
 
 def needs_decomposition(ep: torch.export.ExportedProgram) -> bool:

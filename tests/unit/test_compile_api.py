@@ -281,6 +281,34 @@ def test_a_slice_past_a_dynamic_dim_specialises_its_range_and_recompiles_at_the_
     assert g.num_variants == 2
 
 
+class Positions(torch.nn.Module):
+    """Learned positions: a sequence is at most 32 long, as BERT's positions end at 512."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(32, 8)
+        self.register_buffer("ids", torch.arange(32))
+
+    def forward(self, x):
+        return x + self.table(self.ids[:x.shape[1]])
+
+
+def test_a_dynamic_dim_without_a_range_takes_the_range_the_model_allows():
+    """A dim declared without a range asks for DEFAULT_RANGE; where the model allows less, the
+    range torch.export suggests is taken (it holds the example's size). A range the user declared
+    stays theirs: too wide, it is a clear error that suggests the right one."""
+    model = Positions().eval()
+    m = cuvil.compile(model, dynamic=[{1: "seq"}])
+    with torch.no_grad():
+        for n in (5, 20, 32):
+            x = torch.randn(2, n, 8)
+            torch.testing.assert_close(m(x), model(x))
+    assert m.num_variants == 1 and "s0 = [" in m.report.input_ir and ", 32]" in m.report.input_ir
+    wide = cuvil.compile(model, dynamic=[{1: "seq"}], ranges={"seq": (1, 64)})
+    with pytest.raises(cuvil.CuvilError, match=r"ranges=\{\"seq\": \(1, 32\)\}"):
+        wide(torch.randn(2, 5, 8))
+
+
 def test_dynamic_false_compiles_every_new_size_static():
     g = cuvil.compile(lambda x: x.sum(0), dynamic=False)
     for n in (3, 4, 5):
