@@ -950,12 +950,23 @@ def sdpa(L: Lowering, q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=
 
 
 def index(L: Lowering, x, indices):
-    """x[i0, i1, ...] with index tensors on leading dims (None = a skipped dim is not supported)."""
-    if any(i is None for i in indices):
-        L.unsupported("indexing with None (a full slice before an index tensor)")
-    if any(i.type.dtype is DType.bool for i in indices):
+    """x[i0, i1, ...]: index tensors, None for a dim taken whole (`x[:, idx]`). `cuvil.index` takes
+    index tensors on leading dims, so the indexed dims are permuted to the front (a view), and the
+    result's index dims are put back where torch puts them: in place of the indexed dims when
+    those are adjacent, first otherwise."""
+    if any(i is not None and i.type.dtype is DType.bool for i in indices):
         L.unsupported("boolean-mask indexing (its result size depends on the data)")
-    return L.op("cuvil.index", x, *indices)
+    picked = [k for k, i in enumerate(indices) if i is not None]
+    if picked == list(range(len(picked))):
+        return L.op("cuvil.index", x, *(indices[k] for k in picked))
+    rest = [d for d in range(x.type.rank) if d not in picked]
+    y = L.op("cuvil.index", L.op("cuvil.permute", x, perm=picked + rest), *(indices[k] for k in picked))
+    if picked != list(range(picked[0], picked[-1] + 1)):
+        return y
+    n = y.type.rank - len(rest)         # the broadcast index tensors' rank
+    first = picked[0]                   # dims before the indexed ones
+    perm = [n + j for j in range(first)] + list(range(n)) + [n + j for j in range(first, len(rest))]
+    return L.op("cuvil.permute", y, perm=perm)
 
 
 def arange(L: Lowering, start, end, step=1, *_):

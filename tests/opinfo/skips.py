@@ -37,8 +37,6 @@ POOL_INDICES = ("return_indices=True: Cuvil's pooling computes no argmax indices
                 "rows keep output 0 only)")
 
 REFUSALS: list[Refusal] = [
-    Refusal("__getitem__", r"indexing with None", "x[:, idx] (a full slice before an index tensor): Cuvil's "
-            "index row takes index tensors on the leading dims only"),
     Refusal("full_like", r"dtype torch\.float64", F64),
     Refusal("new_full", r"dtype torch\.float64", F64),
     Refusal("new_ones", r"dtype torch\.float64", F64),

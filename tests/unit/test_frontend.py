@@ -165,6 +165,25 @@ def test_assignments_into_tensors_made_in_the_model(pipeline):
     assert fast.num_variants == 1
 
 
+_I, _J = torch.tensor([0, 2, 4]), torch.tensor([[1, 0, 3], [2, 2, 1]])
+INDEXING = {
+    "x[:, i]": lambda x: x[:, _I], "x[:, i, j]": lambda x: x[:, _I, _J], "x[j, :, i]": lambda x: x[_J, :, _I],
+    "x[..., j]": lambda x: x[..., _J], "x[:, :, i] * 2": lambda x: x[:, :, _I] * 2,
+    "x[:, j, :, i]": lambda x: x[:, _J, :, _I],
+}
+
+
+@pytest.mark.parametrize("name", INDEXING)
+def test_index_tensors_after_whole_dims(name):
+    """torch puts the index tensors' dims where the indexed dims were when those are adjacent
+    (x[:, i, j]: [4, 2, 3, 7]), first otherwise (x[:, j, :, i]: [2, 3, 4, 6])."""
+    import cuvil
+    f = INDEXING[name]
+    x = torch.randn(4, 5, 6, 7)
+    got, want = cuvil.compile(f)(x), f(x)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
 def test_training_mode_is_refused():
     with pytest.raises(CuvilError, match="training mode"):
         import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))
