@@ -941,12 +941,27 @@ def embedding(L: Lowering, weight, indices, *_):
 def sdpa(L: Lowering, q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if dropout_p:
         L.unsupported(f"dropout_p={dropout_p} (inference needs 0)")
-    if enable_gqa:
-        L.unsupported("enable_gqa=True")
+    if enable_gqa:      # each of k's and v's heads serves a group of q's heads (repeat_interleave)
+        k, v = (_repeat_heads(L, t, q.type.shape[-3]) for t in (k, v))
     if mask is not None and mask.type.dtype is not DType.bool:
         mask = L.cast(mask, q.type.dtype)
+    # batch dims broadcast (multi-query attention: one head of k and v for all of q's): cuvil.sdpa
+    # takes equal ones, so the smaller operands are expanded (a copy: sdpa reads them from memory)
+    batch = L.out_shape()[:-2]
+    q, k, v = (t if t.type.shape[:-2] == batch else L.op("cuvil.expand", t, shape=[*batch, *t.type.shape[-2:]])
+               for t in (q, k, v))
     return L.op("cuvil.sdpa", q, k, v, *_trailing(mask), is_causal=is_causal,
                 scale=None if scale is None else float(scale))
+
+
+def _repeat_heads(L: Lowering, t, heads):
+    """[..., Hkv, S, E] -> [..., heads, S, E], each head repeated heads / Hkv times in a row."""
+    *lead, hkv, s, e = t.type.shape
+    if dims_equal(hkv, heads):
+        return t
+    group = norm_dim(sympy.sympify(heads) / hkv)
+    wide = L.op("cuvil.expand", L.op("cuvil.unsqueeze", t, dim=len(lead) + 1), shape=[*lead, hkv, group, s, e])
+    return L.op("cuvil.reshape", wide, shape=[*lead, heads, s, e])
 
 
 def index(L: Lowering, x, indices):

@@ -1,4 +1,4 @@
-"""Attention: a fully masked row attends to nothing (eager PyTorch gives zeros there, so must Cuvil); K^T and V packed at run time; a dynamic head dim."""
+"""Attention: a fully masked row attends to nothing (eager PyTorch gives zeros there, so must Cuvil); K^T and V packed at run time; a dynamic head dim; keys and values with fewer heads than the queries."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,3 +57,22 @@ def test_a_dynamic_head_dim_scales_by_its_runtime_size(seq):
         q, k, v = (torch.randn(2, 3, seq, e) for _ in range(3))
         torch.testing.assert_close(fast(q, k, v), f(q, k, v))
     assert fast.num_variants == 1
+
+
+KV = {"multi-query": (1, {}), "grouped-query": (2, {"enable_gqa": True})}
+
+
+@pytest.mark.parametrize("kind", KV)
+@pytest.mark.parametrize("extra", [{}, {"is_causal": True}, {"attn_mask": "mask"}])
+def test_keys_and_values_with_fewer_heads(kind, extra):
+    """Multi-query attention (one head of k and v, broadcast to q's four: Falcon) and grouped-query
+    attention (enable_gqa: each of two k/v heads serves two of q's)."""
+    heads, gqa = KV[kind]
+    mask = torch.rand(1, 1, 12, 12) > 0.3
+    kw = {**gqa, **({"attn_mask": mask} if extra.get("attn_mask") else extra)}
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    q, k, v = torch.randn(2, 4, 12, 16), torch.randn(2, heads, 12, 16), torch.randn(2, heads, 12, 8)
+    torch.testing.assert_close(cuvil.compile(f)(q, k, v), f(q, k, v))
