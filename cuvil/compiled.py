@@ -476,6 +476,7 @@ class CompiledModel:
         self._fallback_reason: str | None = None
         self._report: CompileReport | None = None
         self._auto: dict[str, dict[int, str]] = {}          # dims made dynamic after a recompile
+        self._all_dynamic = self.options.dynamic is True     # dynamic=True, until a compile cannot keep it
         self._ranges: dict[str, tuple[int, int]] = dict(self.options.ranges or {})
         self._dynamic: dict[str, dict[int, str]] | None = None
         self._signature: inspect.Signature | None = None
@@ -634,7 +635,7 @@ class CompiledModel:
             note = self._plan(reasons, args, kwargs)
             try:
                 variant = self._compile(args, kwargs)
-            except CuvilExportError as e:
+            except CuvilError as e:
                 if not self._replan(note, e):
                     return self._fail(e)
                 try:
@@ -648,6 +649,9 @@ class CompiledModel:
                 action = self._describe(note)
                 self._recompiles.append(f"recompiled (variant {len(self._variants) + 1}): {text}"
                                         + (f" -> {action}" if action else ""))
+            elif note.get("static"):
+                self._recompiles.append(f"variant {len(self._variants) + 1} compiled static: dynamic=True could "
+                                        f"not keep its dims dynamic ({note['static']})")
             self._variants = (*self._variants, variant)
             self._fast = fast_paths(self._variants)
             self._report = variant.compilation.report if isinstance(variant, Variant) else None
@@ -671,7 +675,7 @@ class CompiledModel:
 
     def _plan(self, reasons: list[Mismatch], args: tuple, kwargs: dict) -> dict:
         """Adjust the dynamic dims and ranges for the mismatches that call for it."""
-        note: dict = {"auto": [], "widened": [], "sizes": {}}
+        note: dict = {"auto": [], "widened": [], "sizes": {}, "all_dynamic": self._all_dynamic}
         if not self._variants:
             return note
         guard = self._variants[-1].guard
@@ -691,25 +695,28 @@ class CompiledModel:
                 note["sizes"][hint] = m.size
         return note
 
-    def _replan(self, note: dict, e: CuvilExportError) -> bool:
-        """After torch.export refused the plan: dims made dynamic automatically become static again;
-        a widened range becomes the range torch suggests around this call's size (the model
-        specialises on the size: `x[:, :100]` is another program from 100 on). False: no other plan."""
+    def _replan(self, note: dict, e: CuvilError) -> bool:
+        """After a compile failed on the plan: dims made dynamic automatically (or by dynamic=True)
+        become static again, where torch.export or Cuvil cannot keep them dynamic; a widened range
+        becomes the range torch suggests around this call's size (the model specialises on the
+        size: `x[:, 1:18]` is another program from 18 on). False: no other plan."""
         if note.get("auto"):
-            for name, axis in note["auto"]:     # torch.export could not keep them dynamic
+            for name, axis in note["auto"]:
                 del self._auto[name][axis]
             note["static"] = str(e).splitlines()[0]
             return True
+        suggested = getattr(e, "suggested_ranges", {})
         widened = dict(note.get("widened", []))
-        if not widened or any(hint not in e.suggested_ranges for hint in widened):
-            return False
-        for hint, size in note["sizes"].items():
-            lo, hi = e.suggested_ranges[hint]
-            if not lo <= size <= hi:
-                return False
-        note["widened"], note["suggested"] = [], [(hint, e.suggested_ranges[hint]) for hint in widened]
-        self._ranges.update(note["suggested"])
-        return True
+        if widened and all(hint in suggested and suggested[hint][0] <= size <= suggested[hint][1]
+                           for hint, size in note["sizes"].items()):
+            note["widened"], note["suggested"] = [], [(hint, suggested[hint]) for hint in widened]
+            self._ranges.update(note["suggested"])
+            return True
+        if note.get("all_dynamic"):
+            self._all_dynamic = False
+            note["static"] = str(e).splitlines()[0]
+            return True
+        return False
 
     @staticmethod
     def _describe(note: dict) -> str:
@@ -718,7 +725,7 @@ class CompiledModel:
         parts += [f"range of {hint} set to [{lo}, {hi}], the one torch.export suggests (the model specialises "
                   f"on it)" for hint, (lo, hi) in note.get("suggested", [])]
         if note.get("static"):
-            parts = [f"compiled static (torch.export could not keep the dims dynamic: {note['static']})"]
+            parts = [f"compiled static (the dims could not stay dynamic: {note['static']})"]
         return ", ".join(parts)
 
     @paused_gc()
@@ -815,7 +822,7 @@ class CompiledModel:
             self._dynamic = dynamic
         values = _named(self._forward(), example)
         out: dict[str, dict[int, str]] = {}
-        if self.options.dynamic is True:        # the dims earlier variants had dynamic have ranges
+        if self._all_dynamic:        # the dims earlier variants had dynamic have ranges
             out = auto_hints(values, keep=self._ranges)
         for src in (self._dynamic, self._auto):
             for name, axes in src.items():

@@ -22,8 +22,7 @@ import sympy
 import torch
 
 from ..ir import DType
-from ..codegen.index_math import bounds
-from ..ir.types import dims_equal, norm_dim, sym
+from ..ir.types import dims_equal, norm_dim
 from ..ir.ops.common import window_out
 from ..ir.ops.layout import PAD_MODES
 from .importer import Lowering, Unavailable
@@ -216,9 +215,7 @@ def _bound(L: Lowering, b, size, default):
 
 def _at_most(L: Lowering, d, n: int) -> bool:
     """Dim `d` is at most `n` over the ranges of its symbols."""
-    if isinstance(d, int):
-        return d <= n
-    span = bounds(d, {sym(name): r for name, r in L.symbols.ranges.items()})
+    span = L.symbols.span(d)
     return span is not None and span[1] <= n
 
 

@@ -270,19 +270,32 @@ def _lower(lowering: Lowering, table: dict, node: torch.fx.Node, env: dict):
     except CuvilVerifyError as e:
         raise lowering.error(str(e)) from None
     _check_result(lowering, result)
-    return result
+    if isinstance(result, (list, tuple)):
+        return type(result)(_pinned(lowering, r) for r in result)
+    return _pinned(lowering, result)
+
+
+def _pinned(lowering: Lowering, v):
+    """A value whose size expression takes one value over the ranges torch.export settled on
+    (a strided conv's `(W - 3)//2 + 1` width, which a linear then fixes to 4) with that size: a
+    reshape, free, so that the ops after it see the number torch sees."""
+    if not isinstance(v, Value):
+        return v
+    shape = [lowering.symbols.pin(d) for d in v.type.shape]
+    return v if list(v.type.shape) == shape else lowering.op("cuvil.reshape", v, shape=shape)
 
 
 def _check_result(lowering: Lowering, result) -> None:
     """Cuvil's inferred types must equal torch's; a mismatch is a bug in a row or an op's inference."""
     val = lowering.node.meta.get("val")
+    pin = lowering.symbols.pin
     pairs = zip(result, val) if isinstance(result, (list, tuple)) else [(result, val)]
     for got, want in pairs:
         if not isinstance(got, Value) or not isinstance(want, torch.Tensor):
             continue
         expect = TensorType(lowering.dtype_of(want, "result"), lowering.symbols.shape(want))
         same = got.type.dtype is expect.dtype and got.type.rank == expect.rank and all(
-            a == b or dims_equal(a, b) for a, b in zip(got.type.shape, expect.shape))
+            a == b or dims_equal(pin(a), pin(b)) for a, b in zip(got.type.shape, expect.shape))
         if not same:
             where = f" at {lowering.frame}" if lowering.frame else ""
             raise CuvilError(f"internal error importing {op_name(lowering.node.target)}{where}: "

@@ -58,12 +58,22 @@ class SymbolTable:
     def shape(self, t: torch.Tensor) -> tuple:
         return tuple(self.dim(d) for d in t.shape)
 
+    def span(self, d: Dim) -> tuple | None:
+        """(lo, hi) of dim `d` over the ranges of its symbols, or None where they do not bound it."""
+        from ..codegen.index_math import bounds
+        return bounds(d, {sym(name): i.range for name, i in self.info.items()})
+
+    def pin(self, d: Dim) -> Dim:
+        """`d`, or the one value it takes over the ranges (`(W - 3)//2 + 1` with W in [9, 10] is 4)."""
+        if isinstance(d, int):
+            return d
+        span = self.span(d)
+        return int(span[0]) if span is not None and span[0] == span[1] else d
+
     def _extreme(self, args: list, largest: bool):
         """The argument of a Max (Min) that is at least (most) every other one over the ranges of
         the symbols (`max(0, 1 - s)` with s >= 1 is 0), or None where the ranges do not decide it."""
-        from ..codegen.index_math import bounds
-        known = {sym(name): i.range for name, i in self.info.items()}
-        spans = [bounds(a, known) for a in args]
+        spans = [self.span(a) for a in args]
         if any(s is None for s in spans):
             return None
         for k, (a, (lo, hi)) in enumerate(zip(args, spans)):

@@ -309,6 +309,40 @@ def test_a_dynamic_dim_without_a_range_takes_the_range_the_model_allows():
         wide(torch.randn(2, 5, 8))
 
 
+def test_dynamic_true_compiles_static_where_the_dims_cannot_stay_dynamic():
+    """A strided conv's output width feeds a linear: torch.export keeps the input width dynamic
+    under a guard ((W - 3)//2 + 1 == 4) that leaves its range wide, and Cuvil's linear cannot prove
+    the in-features; dynamic=True then compiles this size static and says so (it once failed)."""
+    wc, wl = torch.randn(4, 1, 3, 3), torch.randn(1, 4)
+
+    def f(x):
+        return torch.nn.functional.linear(torch.nn.functional.conv2d(x, wc, stride=2, groups=4), wl)
+
+    m = cuvil.compile(f, dynamic=True)
+    for shape in ((2, 4, 7, 9), (3, 4, 7, 10), (2, 4, 7, 9)):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(m(x), f(x))
+    assert m.num_variants == 2
+    first, second = m.explain_recompiles()
+    assert first.startswith("variant 1 compiled static: dynamic=True could not keep its dims dynamic")
+    assert "in-features differ" in first and "compiled static" in second
+
+
+def test_a_second_size_that_cuvil_cannot_keep_dynamic_compiles_static():
+    """Bilinear upscaling of a dynamic size is outside what Cuvil lowers: at a second size the
+    automatic dynamic dims go back to static for the new variant (the call once raised)."""
+    def f(x):
+        return torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+
+    m = cuvil.compile(f)
+    for shape in ((1, 2, 5, 7), (2, 2, 6, 3), (1, 2, 5, 7)):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(m(x), f(x))
+    assert m.num_variants == 2
+    [why] = m.explain_recompiles()
+    assert "compiled static (the dims could not stay dynamic: unsupported op" in why
+
+
 def test_dynamic_false_compiles_every_new_size_static():
     g = cuvil.compile(lambda x: x.sum(0), dynamic=False)
     for n in (3, 4, 5):
