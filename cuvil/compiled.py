@@ -44,7 +44,7 @@ from .errors import CuvilError
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
-from .frontend.export import CuvilExportError, auto_hints, input_names
+from .frontend.export import auto_hints, input_names
 from . import imports
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
 from .passes import Pipeline
