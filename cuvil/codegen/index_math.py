@@ -26,6 +26,11 @@ def bounds(e, known: Bounds):
         return sympy.Add(*(p[0] for p in parts)), sympy.Add(*(p[1] for p in parts))
     if e.is_Mul:
         coeff, rest = e.as_independent(*[s for s in e.free_symbols if s in _bounded_symbols(known)])
+        if coeff == 1:      # a product of bounded factors (s0*s1): of non-negative ones only
+            parts = [bounds(f, known) for f in e.args]
+            if any(p is None or p[0] < 0 for p in parts):
+                return None
+            return sympy.Mul(*(p[0] for p in parts)), sympy.Mul(*(p[1] for p in parts))
         if rest == 1 or coeff.is_positive is not True and coeff.is_negative is not True:
             return None
         b = bounds(rest, known)

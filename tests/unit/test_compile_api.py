@@ -343,6 +343,18 @@ def test_a_second_size_that_cuvil_cannot_keep_dynamic_compiles_static():
     assert "compiled static (the dims could not stay dynamic: unsupported op" in why
 
 
+def test_dynamic_true_through_einsum_with_batch_dims():
+    """einsum over `...` batch dims flattens them into one (a product of symbols, whose bounds once
+    recursed forever)."""
+    def f(x):
+        return torch.einsum("...ij,...kj->...ik", x, x)
+
+    m = cuvil.compile(f, dynamic=True)
+    for shape in ((3, 7, 9, 7), (2, 5, 4, 7), (4, 3, 9, 7)):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(m(x), f(x))
+
+
 def test_dynamic_false_compiles_every_new_size_static():
     g = cuvil.compile(lambda x: x.sum(0), dynamic=False)
     for n in (3, 4, 5):
