@@ -993,6 +993,18 @@ def arange(L: Lowering, start, end, step=1, *_):
     return L.op("cuvil.arange", start=start, end=[end], step=step, dtype=L.out_dtype())
 
 
+def eye(L: Lowering, n, *_):
+    return eye_m(L, n, n)
+
+
+def eye_m(L: Lowering, n, m, *_):
+    """torch.eye: row index == column index, in the result's dtype (torch's decomposition
+    compares uint8 aranges, a dtype Cuvil lacks)."""
+    rows = L.op("cuvil.unsqueeze", L.op("cuvil.arange", start=0, end=[n], step=1, dtype=DType.i64), dim=1)
+    cols = L.op("cuvil.unsqueeze", L.op("cuvil.arange", start=0, end=[m], step=1, dtype=DType.i64), dim=0)
+    return L.cast(L.op("cuvil.eq", rows, cols), L.out_dtype())
+
+
 def arange_end(L: Lowering, end, *_):
     return arange(L, 0, end)
 
@@ -1249,6 +1261,8 @@ ATEN_TABLE = {
     aten.new_ones.default: like_full(fill=1),
     aten.scalar_tensor.default: like_full(0),
     aten.arange.default: arange_end,
+    aten.eye.default: eye,
+    aten.eye.m: eye_m,
     aten.arange.start: lambda L, start, end, *_: arange(L, start, end),
     aten.arange.start_step: arange,
     # value-semantics no-ops: the graph IR has no aliasing, so copies and views of the whole are the value itself

@@ -198,7 +198,7 @@ DlView take_dlpack(py::handle obj, const std::string& what) {
         expect_stride *= t->shape[i];
         numel *= static_cast<uint64_t>(t->shape[i]);
     }
-    if (!contiguous) throw E(what + ": the tensor is not contiguous");
+    if (!contiguous && numel != 0) throw E(what + ": the tensor is not contiguous");  // empty: any strides
     v.data = static_cast<char*>(t->data) + t->byte_offset;
     v.nbytes = numel * (t->dtype.bits / 8);
     v.dtype = t->dtype;

@@ -63,8 +63,6 @@ REFUSALS: list[Refusal] = [
 NOT_RUN: list[Refusal] = [
     Refusal("to", r"dtype torch\.float64", "its first samples all convert to float64, which Cuvil lacks "
             "(float/long/bool cover _to_copy)", (torch.float32,)),
-    Refusal("eye", r"dtype torch\.uint8", "torch's eye decomposition builds an arange in uint8, which Cuvil "
-            "lacks", (torch.float32,)),
     Refusal("logspace", r"dtype torch\.float64", "torch's logspace decomposition computes in float64, which "
             "Cuvil lacks (so nothing reaches pow.Scalar)", (torch.float32,)),
     Refusal("pow", r"integer pow needs a constant non-negative exponent", "native integer pow takes only a "

@@ -186,6 +186,8 @@ OPINFOS: dict[str, list[str]] = {
     "aten.pixel_unshuffle.default": ["nn.functional.pixel_unshuffle"],
     "aten.flip.default": ["flip", "fliplr", "flipud"],
     "aten.unfold.default": ["unfold", "unfold_copy"],
+    "aten.eye.default": ["eye"],
+    "aten.eye.m": ["eye"],
     "aten.slice_scatter.default": ["slice_scatter"],
     "aten.select_scatter.default": ["select_scatter"],
     "aten.roll.default": ["roll"],

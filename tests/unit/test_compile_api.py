@@ -185,6 +185,22 @@ def test_a_library_call_reads_a_constant_tensor_made_in_the_model(fn, pipeline):
     torch.testing.assert_close(cuvil.compile(fn, pipeline=pipeline)(x), fn(x))
 
 
+def test_identity_matrices_and_empty_constants():
+    """torch.eye (torch's decomposition builds uint8 aranges, which Cuvil lacks) as a GEMM operand,
+    a bool mask and a dynamic size; and constants with no elements, whose strides DLPack leaves
+    arbitrary (the engine once refused a [0, 0] constant as not contiguous)."""
+    def f(x):
+        return x @ torch.eye(4), torch.eye(3, 5, dtype=torch.bool), torch.eye(2, dtype=torch.int64), \
+            torch.zeros(0, 0) + 1, torch.eye(x.shape[0]) @ x
+
+    m = cuvil.compile(f, dynamic=[{0: "n"}])
+    for n in (4, 6, 3):
+        x = torch.randn(n, 4)
+        for got, want in zip(m(x), f(x)):
+            assert got.dtype == want.dtype and torch.equal(got, want)
+    assert m.num_variants == 1
+
+
 # ----------------------------------------------------------------------------- guards and recompiles
 
 def test_recompile_on_dtype_change_says_why():
