@@ -1005,6 +1005,13 @@ def eye_m(L: Lowering, n, m, *_):
     return L.cast(L.op("cuvil.eq", rows, cols), L.out_dtype())
 
 
+def assert_async(L: Lowering, cond, msg=""):
+    """A check of tensor values at run time (F.one_hot's index range): Cuvil's kernels raise no
+    errors, so the model is refused, with torch's message."""
+    L.unsupported(f"a run-time check of tensor values ({msg!r}), such as F.one_hot's index range: Cuvil's "
+                  f"kernels cannot raise errors")
+
+
 def arange_end(L: Lowering, end, *_):
     return arange(L, 0, end)
 
@@ -1273,6 +1280,7 @@ ATEN_TABLE = {
     # checks torch inserts; Cuvil checks shapes itself
     aten._assert_tensor_metadata.default: no_op,
     aten._assert_scalar.default: no_op,
+    aten._assert_async.msg: assert_async,
     aten.sym_constrain_range_for_size.default: no_op,
     # symbolic ints and tuples
     aten.sym_size.int: symbolic_int,

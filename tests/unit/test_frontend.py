@@ -184,6 +184,15 @@ def test_index_tensors_after_whole_dims(name):
     assert got.shape == want.shape and torch.equal(got, want)
 
 
+def test_a_run_time_check_of_tensor_values_is_refused_with_torchs_message():
+    import cuvil
+    f = lambda x: torch.nn.functional.one_hot(x.argmax(-1), 5).float() * x   # noqa: E731
+    with pytest.raises(CuvilError, match=r"a run-time check of tensor values \('one_hot: Class values must be "
+                                         r"non-negative\.'\), such as F\.one_hot's index range") as e:
+        cuvil.compile(f)(torch.randn(3, 5))
+    assert "test_frontend.py" in str(e.value)          # the user's line
+
+
 def test_training_mode_is_refused():
     with pytest.raises(CuvilError, match="training mode"):
         import_model(nn.Sequential(nn.Linear(2, 2), nn.Dropout()), (torch.randn(2, 2),))
