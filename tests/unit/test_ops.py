@@ -128,7 +128,7 @@ BINARY = {
     "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less,
     "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "logical_and": np.logical_and,
     "logical_or": np.logical_or, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
-    "floor_div": np.floor_divide, "remainder": np.remainder, "atan2": np.arctan2,
+    "floor_div": np.floor_divide, "remainder": np.remainder, "fmod": np.fmod, "atan2": np.arctan2,
 }
 PREDICATES = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
 
@@ -141,7 +141,7 @@ def test_binary_broadcasting(name):
         b = torch.randint(0, 16, (4,), generator=torch.Generator().manual_seed(2))
     else:
         a, b = randn(3, 4, seed=1).round(), randn(4, seed=2).round()
-        if name in ("pow", "div", "floor_div", "remainder"):
+        if name in ("pow", "div", "floor_div", "remainder", "fmod"):
             a, b = a.abs() + 1, b.abs() + 1
     types, (out,) = run(f"cuvil.{name}", [a, b], types=[type_of(a).with_shape((s0, 4)), type_of(b)])
     dtype = "i1" if name in PREDICATES else ("i64" if integer else "f32")
@@ -708,6 +708,31 @@ def test_flip():
     close(out, x.numpy()[::-1, :, ::-1])
     with pytest.raises(CuvilVerifyError, match="repeats an axis"):
         build("cuvil.flip", [T(F32, 3, 4)], {"dims": [1, 1]})
+
+
+def test_unfold():
+    x = randn(3, 7)
+    types, (out,) = run("cuvil.unfold", [x], {"dim": 1, "size": 3, "step": 2}, types=[T(F32, 3, s0)])
+    assert types == [str(T(F32, 3, floordiv(s0 - 3, 2) + 1, 3))]
+    close(out, x.unfold(1, 3, 2).numpy())
+    with pytest.raises(CuvilVerifyError, match="dim 1 has 2 elements, fewer than the window size 3"):
+        build("cuvil.unfold", [T(F32, 3, 2)], {"dim": 1, "size": 3, "step": 1})
+    with pytest.raises(CuvilVerifyError, match="step >= 1"):
+        build("cuvil.unfold", [T(F32, 3, 4)], {"dim": 1, "size": 2, "step": 0})
+
+
+def test_slice_scatter():
+    x, src = randn(3, 8), randn(3, 3)
+    types, (out,) = run("cuvil.slice_scatter", [x, src], {"dim": 1, "start": [1], "end": [7], "step": 2},
+                        types=[T(F32, s0, 8), T(F32, s0, 3)])
+    assert types == [str(T(F32, s0, 8))]
+    want = x.clone()
+    want[:, 1:7:2] = src
+    close(out, want.numpy())
+    with pytest.raises(CuvilVerifyError, match="does not fit the slice"):
+        build("cuvil.slice_scatter", [T(F32, 3, 8), T(F32, 3, 4)], {"dim": 1, "end": [3]})
+    with pytest.raises(CuvilVerifyError, match="cast it first"):
+        build("cuvil.slice_scatter", [T(F32, 3, 8), T(DType.i64, 3, 3)], {"dim": 1, "end": [3]})
 
 
 def test_split():

@@ -16,7 +16,7 @@ from cuvil.ir.printer import attr_value_str, print_op, value_names
 
 UNARY = ["neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "atan", "asin", "acos",
          "sinh", "cosh", "asinh", "acosh", "atanh", "tanh", "sigmoid", "relu", "silu", "erf", "reciprocal", "floor", "ceil", "round", "trunc", "sign"]
-ARITH = ["add", "sub", "mul", "div", "pow", "atan2", "maximum", "minimum", "floor_div", "remainder"]
+ARITH = ["add", "sub", "mul", "div", "pow", "atan2", "maximum", "minimum", "floor_div", "remainder", "fmod"]
 COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
 
 
@@ -169,6 +169,8 @@ cuvil.func @layout(%x: tensor<s0x(1 + s1)x6xf32>, %idx: tensor<3xi64>) -> (tenso
   %19 = cuvil.pad %x {low = [0, 1, -2], high = [1, 0, 3], value = 2.5} : tensor<s0x(1 + s1)x6xf32> -> tensor<(1 + s0)x(2 + s1)x7xf32>
   %20 = cuvil.pad %x {low = [0, 0, 2], high = [0, 0, 1], mode = "reflect"} : tensor<s0x(1 + s1)x6xf32> -> tensor<s0x(1 + s1)x9xf32>
   %21 = cuvil.flip %x {dims = [0, 2]} : tensor<s0x(1 + s1)x6xf32> -> tensor<s0x(1 + s1)x6xf32>
+  %22 = cuvil.unfold %x {dim = 2, size = 4, step = 2} : tensor<s0x(1 + s1)x6xf32> -> tensor<s0x(1 + s1)x2x4xf32>
+  %23 = cuvil.slice_scatter %x, %4 {dim = 2, end = [3]} : (tensor<s0x(1 + s1)x6xf32>, tensor<s0x(1 + s1)x3xf32>) -> tensor<s0x(1 + s1)x6xf32>
   cuvil.return %2, %11, %17 : tensor<(2*s0)x(1 + s1)x3xf32>, tensor<s0x3x6xf32>, tensor<6x6xf32>
 }
 """
