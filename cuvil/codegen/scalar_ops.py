@@ -76,7 +76,10 @@ def emit(op, args: list[Expr], let: Callable[[Expr], Expr]) -> Expr:
     if op.name in REUSES_OPERANDS:
         args = [a if isinstance(a, (Var, Const, Load, Index)) else let(a) for a in args]
     out = fn(op.attrs, *args)
-    want = compute_dtype(op.results[0].type.dtype)
+    dtype = op.results[0].type.dtype
+    want = compute_dtype(dtype)
+    if dtype != want and out.dtype != dtype:    # a half type: rounded to it after each op, as torch does
+        out = cast(out, dtype)
     return cast(out, want)
 
 

@@ -201,6 +201,18 @@ def test_identity_matrices_and_empty_constants():
     assert m.num_variants == 1
 
 
+@pytest.mark.parametrize("enable_fusion", [True, False])
+def test_a_round_trip_through_a_half_type_rounds(enable_fusion):
+    """x.to(bf16).float() inside a kernel rounds to bf16 (it once came back unchanged when fused,
+    and precision="bf16" then differed from autocast)."""
+    def f(x):
+        return (x * 1.5).to(torch.bfloat16).float() + 1, ((x * 1.5).half() + 1).float()
+
+    x = torch.randn(1000) * 10
+    for got, want in zip(cuvil.compile(f, enable_fusion=enable_fusion)(x), f(x)):
+        assert torch.equal(got, want)
+
+
 # ----------------------------------------------------------------------------- guards and recompiles
 
 def test_recompile_on_dtype_change_says_why():
