@@ -68,8 +68,10 @@ def measure(case_name: str, stage: str, folder: str) -> dict:
             out = loaded(*built.inputs)
             first_calls.append(time.perf_counter() - t1)
             loads.append(t1 - t)
+        store = next((p for p in compiled.report.phases if p["name"] == "model_cache_store"), {})
         return {"cold_s": cold, "load_s": median(loads), "load_first_call_s": median(first_calls),
-                "saved_bytes": path.stat().st_size, "same_outputs": _same(out, expected)}
+                "saved_bytes": path.stat().st_size, "same_outputs": _same(out, expected),
+                "model_cache_store": store.get("error", "stored" if store else "not stored")}
     expected = torch.load(outputs)
     cached, from_models = _compile(built.model, built.inputs)
     hit = cached.from_model_cache

@@ -1,4 +1,4 @@
-"""Benchmark-only models: the zoo has no pure elementwise chain and no sampling step."""
+"""Benchmark-only models: the zoo has no pure elementwise chain, no sampling step and no ConvNeXt block."""
 from __future__ import annotations
 
 import torch
@@ -41,3 +41,21 @@ class SamplingFilters(nn.Module):
         probs = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True).values
         keep = torch.cumsum(probs, -1) - probs < 0.9
         return top, torch.where(keep, probs, 0.0)
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a 7x7 depthwise convolution, layer norm over the channels (channels last),
+    a 4x inverted MLP with GELU, a per-channel scale and the residual."""
+
+    def __init__(self, dim: int = 96):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x):
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.pwconv2(torch.nn.functional.gelu(self.pwconv1(self.norm(y))))
+        return x + (self.gamma * y).permute(0, 3, 1, 2)

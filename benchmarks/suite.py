@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 ELTWISE = "eltwise"     # the model name of `benchmarks.models.EltwiseChain`
 SAMPLING = "sampling"   # and of `benchmarks.models.SamplingFilters`
+CONVNEXT = "convnext_block"   # and of `benchmarks.models.ConvNeXtBlock`
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,17 @@ class Case:
     description: str = ""
 
     def build(self) -> Built:
+        if self.model == CONVNEXT:
+            import torch
+            from .models import ConvNeXtBlock
+            gen = torch.Generator().manual_seed(1234)
+            model = ConvNeXtBlock(self.sizes["channels"]).eval()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+            x = torch.randn(self.sizes["batch"], self.sizes["channels"], self.sizes["size"], self.sizes["size"],
+                            generator=gen)
+            return Built(model, (x,), [{0: "batch"}])
         if self.model in (ELTWISE, SAMPLING):
             import torch
             from .models import EltwiseChain, SamplingFilters
@@ -48,6 +60,8 @@ SUITE: tuple[Case, ...] = (
     Case("bert_small_s128", "bert_small", {"batch": 1, "seq": 128}, "BERT, 4 layers, hidden 256, seq 128"),
     Case("eltwise_4k", ELTWISE, {"rows": 1, "cols": 4096}, "20-op elementwise chain, 1x4096"),
     Case("eltwise_1m", ELTWISE, {"rows": 1024, "cols": 1024}, "20-op elementwise chain, 1024x1024"),
+    Case("convnext_b1", CONVNEXT, {"batch": 1, "channels": 96, "size": 56},
+         "ConvNeXt block (7x7 depthwise, layer norm, 4x MLP), 96x56x56, batch 1"),
     Case("sampling_32k", SAMPLING, {"rows": 1, "cols": 32000}, "sampling filters (top-50, top-p 0.9) over 32000 "
          "logits"),
 )

@@ -518,7 +518,7 @@ class CompiledModel:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as e:
             raise CuvilError(f"the call does not match {self._name()}'s signature: {e}") from None
-        return (bound.args, {}) if not bound.kwargs else ((), dict(bound.arguments))
+        return (bound.args, {}) if not bound.kwargs else ((), _flat_arguments(bound))
 
     def save(self, path) -> None:
         """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,
@@ -879,11 +879,20 @@ def _as_example(fn: Callable, args: tuple, kwargs: dict):
     except TypeError as e:
         raise CuvilError(f"the call does not match {getattr(fn, '__name__', 'the function')}'s signature: {e}") \
             from None
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in bound.signature.parameters.values()
-           if p.name in bound.arguments):
-        raise CuvilError("cuvil.compile: keyword arguments together with *args/**kwargs parameters are not "
+    params = bound.signature.parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params if p.name in bound.arguments):
+        raise CuvilError("cuvil.compile: keyword arguments together with a *args parameter are not "
                          "supported; pass the inputs positionally")
-    return dict(bound.arguments)
+    return _flat_arguments(bound)
+
+
+def _flat_arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
+    """The bound arguments by name, with what lands in **kwargs named like any other argument."""
+    arguments = dict(bound.arguments)
+    for p in bound.signature.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            arguments.update(arguments.pop(p.name, {}))
+    return arguments
 
 
 def _named(fn: Callable, example) -> dict[str, Any]:

@@ -216,6 +216,7 @@ FUNCS: dict[str, FuncSig] = {
     **{f: FuncSig(2, _LOGIC, "same") for f in ("and", "or", "xor")},
     **{f: FuncSig(2, _ANY, "bool") for f in ("eq", "ne", "lt", "le", "gt", "ge")},
     "select": FuncSig(3, _ANY, "same"),
+    "fma": FuncSig(3, _FLOAT, "same"),      # a * b + c, rounded once
 }
 
 

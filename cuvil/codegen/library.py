@@ -29,7 +29,7 @@ import sympy
 from ..errors import CuvilUnsupportedOpError
 from ..ir.core import Operation
 from ..ir.ops.common import pair
-from ..ir.ops.nn import spatial_axes
+from ..ir.ops.nn import TO_NHWC, spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import bounds, broadcast_index, floor_div, index_max, index_min, modulo, tile_extent
 from .kernel_ir import TOPK_DTYPES, Buffer, BufRef, Cast, Const, Gemm, Index, Load, Store, TopK, compute_dtype
@@ -40,6 +40,8 @@ COL_TILE = 256          # output columns per tile, for outputs at least twice as
 PANEL_COL_TILE = 128    # the same for linears with packed weights (a multiple of their panels)
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
+DEPTHWISE_MAX_TAPS = 128     # a depthwise output is a sum of kh*kw products written out in full
+DEPTHWISE_BLOCK = 2          # outputs computed together, sharing loads (4 ran no faster on a Zen 3)
 NHWC_MIN_CHANNEL_RUN = 8    # fewer channels per group: NHWC im2col gathers along image rows instead
 
 
@@ -111,16 +113,38 @@ def _window_positions(lw, op, idx, rvars, kernel, stride, padding, dilation):
 
 # ----------------------------------------------------------------------------- pooling
 
+# a window larger than this loops over its part inside the image instead of masking every element
+# (EfficientNet pools a 7x7 map with a 1280x1280 window)
+CLIPPED_WINDOW = 64
+
+
+def _pool_window(lw, op, idx, kernel, stride, padding, dilation, outside):
+    """(ranges, value) for `lw.reduce` over the window of output `idx`: the whole window, with the
+    elements in the padding read as `outside`; or, for a large window without dilation, only the
+    rows and columns inside the image."""
+    x = op.operands[0]
+    if kernel[0] * kernel[1] <= CLIPPED_WINDOW or dilation != (1, 1):
+        def masked(rv):
+            at, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, dilation)
+            return _masked_value(lw, x, at, mask, outside)
+        return [("kh", 0, kernel[0]), ("kw", 0, kernel[1])], masked
+    axes = _spatial(op)
+    ranges = []
+    for name, a, k, s, p in zip(("kh", "kw"), axes, kernel, stride, padding):
+        first = sympy.sympify(idx[a]) * s - p               # the image row of window row 0
+        start = index_max(0, -first)
+        end = index_min(k, x.type.shape[a] - first)
+        ranges.append((name, start, norm_dim(index_max(0, end - start))))
+    origin = [sympy.sympify(idx[a]) * s - p for a, s, p in zip(axes, stride, padding)]
+    return ranges, lambda rv: cast(lw.value(x, _at(idx, axes, [o + r for o, r in zip(origin, rv)])), outside.dtype)
+
+
 def max_pool2d(lw, op, idx):
     kernel, stride, padding, dilation = _window_attrs(op)
-    x = op.operands[0]
-    dtype = compute_dtype(x.type.dtype)
+    dtype = compute_dtype(op.operands[0].type.dtype)
     low = Const(-math.inf, dtype) if dtype.is_float else const(-(1 << 31), dtype)
-
-    def value(rv):
-        at, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, dilation)
-        return _masked_value(lw, x, at, mask, low)
-    return lw.reduce("max", [("kh", 0, kernel[0]), ("kw", 0, kernel[1])], value, dtype, "pool")
+    ranges, value = _pool_window(lw, op, idx, kernel, stride, padding, dilation, low)
+    return lw.reduce("max", ranges, value, dtype, "pool")
 
 
 def avg_pool2d(lw, op, idx):
@@ -128,11 +152,8 @@ def avg_pool2d(lw, op, idx):
     x = op.operands[0]
     dtype = compute_dtype(x.type.dtype)
     axes = _spatial(op)
-
-    def value(rv):
-        at, mask = _window_positions(lw, op, idx, rv, kernel, stride, padding, (1, 1))
-        return _masked_value(lw, x, at, mask, const(0.0, dtype))
-    total = lw.reduce("sum", [("kh", 0, kernel[0]), ("kw", 0, kernel[1])], value, dtype, "pool")
+    ranges, value = _pool_window(lw, op, idx, kernel, stride, padding, (1, 1), const(0.0, dtype))
+    total = lw.reduce("sum", ranges, value, dtype, "pool")
     if op.attrs["divisor"] is not None:
         return call("div", total, const(op.attrs["divisor"], dtype))
     counts = []
@@ -202,6 +223,8 @@ def conv_algorithm(op: Operation) -> str:
         return "gemm"
     if op.attrs["out_channels"] is not None:
         return "implicit"
+    if cin_g == 1 and 1 < kh * kw <= DEPTHWISE_MAX_TAPS:
+        return "depthwise"
     if cin_g == 1 or cin_g * kh * kw <= DIRECT_CONV_MAX_REDUCTION:
         return "direct"
     return "im2col"
@@ -589,25 +612,114 @@ def conv2d_implicit(lw, op):
     _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows, epilogue=in_registers is None)
 
 
-def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp):
+def conv2d_depthwise(lw, op):
+    """A convolution with one input channel per group (depthwise), NCHW or NHWC. Per parallel tile
+    (NCHW: image, channel and block of output rows; NHWC: image and block of rows, every channel)
+    the input rows the tile reads are copied once into a zero-padded scratch, so each output is a
+    sum of kh*kw products with no masks, written out in full: a chain of fused multiply-adds per
+    kernel row (short enough for their latency), the rows added pairwise. The loop over output
+    columns (NCHW) or channels (NHWC) is then the innermost and vectorises; the direct kernel's
+    per-output reduction over the window left it scalar (a 7x7 depthwise ran 11x eager's time)."""
+    _require_f32(op)
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_attrs(op)
+    nhwc = op.attrs["layout"] == "nhwc"
+    x, w = op.operands[:2]
+    T = _raw_buffer(lw, op)
+    _materialize(lw, op, T, 3 if nhwc else 1)
+    N = x.type.shape[0]
+    OC, _, KH, KW = _conv_weight_dims(op)
+    OH, OW = (op.result.type.shape[a] for a in _spatial(op))
+    per_channel = OC // groups                      # outputs per input channel
+    tile_rows = _tile_rows(OH, OW)
+    tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
+    span_h, span_w = (KH - 1) * dh + 1, (KW - 1) * dw + 1
+    in_rows, Wp = (tile_rows - 1) * sh + span_h, norm_dim((sympy.sympify(OW) - 1) * sw + span_w)
+    C = groups if nhwc else 1                       # channels in one tile's copy
+    tile_groups = 1 if nhwc else groups
+    padded = lw.scratch(DType.f32, [norm_dim(N * tile_groups * tiles), norm_dim(in_rows * Wp * C)])
+
+    def output(q, oc, rr, ow):
+        c = floor_div(oc, per_channel, lw.known) if per_channel > 1 else oc
+        rows = []       # one chain of fused multiply-adds per kernel row, then the rows' sums pairwise
+        for kh in range(KH):
+            acc = None
+            for kw in range(KW):
+                at = ((rr * sh + kh * dh) * Wp + ow * sw + kw * dw) * C + (c if nhwc else 0)
+                weight = cast(lw.value(w, [kh, kw, 0, oc] if nhwc else [oc, 0, kh, kw]), DType.f32)
+                x_at = Load(padded, [q, at])
+                acc = call("mul", weight, x_at) if acc is None else call("fma", weight, x_at, acc)
+            rows.append(acc)
+        return _tree_sum(rows)
+
+    def store(at, values):
+        values = [lw.let(v, "dw") for v in values]     # all loads first: T might alias them for LLVM
+        for idx, v in zip(at, values):
+            lw.emit(Store(T, idx, v))
+
+    def body(q, n, g, first, count):
+        _copy_padded(lw, x, padded, q, n, g, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp,
+                     op.attrs["layout"])
+        if nhwc:    # DEPTHWISE_BLOCK output columns at a time share each weight vector's load
+            lw.loop("rr", count, lambda rr: _in_blocks(lw, "ow", OW, DEPTHWISE_BLOCK, lambda ows: lw.loop(
+                "oc", OC, lambda oc: store([[n, first + rr, ow, oc] for ow in ows],
+                                           [output(q, oc, rr, ow) for ow in ows]))))
+            return
+        for j in range(per_channel):    # DEPTHWISE_BLOCK output rows at a time share their input rows
+            oc = g * per_channel + j
+            _in_blocks(lw, "rr", count, DEPTHWISE_BLOCK, lambda rows, oc=oc: lw.loop(
+                "ow", OW, lambda ow: store([[n, oc, first + rr, ow] for rr in rows],
+                                           [output(q, oc, rr, ow) for rr in rows])))
+    _conv_tiles(lw, op, T, N, tile_groups, OH, OW, body, tile_rows)
+
+
+def _in_blocks(lw, name: str, total, block: int, body) -> None:
+    """A loop over range(total) in blocks: body([i, i + 1, ..., i + block - 1]) per whole block,
+    then body([i]) for each index left over."""
+    whole = norm_dim(floor_div(sympy.sympify(total), block, lw.known))
+    lw.loop(name, whole, lambda b: body([b * block + u for u in range(block)]))
+    left = norm_dim(sympy.sympify(total) - whole * block)
+    if left != 0:
+        lw.loop(name, left, lambda i: body([i]), start=norm_dim(whole * block))
+
+
+def _tree_sum(terms: list):
+    """terms[0] + terms[1] + ..., added pairwise: a chain would wait on each add in turn."""
+    while len(terms) > 1:
+        terms = [call("add", a, b) for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) // 2 * 2:]
+    return terms[0]
+
+
+def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp, layout="nhwc"):
     """Tile q of the zero-padded copy (`padded[q]`, rows x Wp x C floats, flat) of channels
     [c0, c0 + C) of the image rows from `top_row` and the columns from -pw: zeros first (one flat
     loop, a memset), then the part inside the image, a plain copy with no per-element masks:
-    channels innermost, or image columns when there are few channels (an RGB stem, whose NCHW
-    input is read through a permute)."""
-    H, W = x.type.shape[1:3]
-    lw.loop("t", norm_dim(rows * Wp * C), lambda t: lw.emit(Store(padded, [q, t], const(0.0, DType.f32))))
+    channels innermost, or image columns when there are few channels (an RGB stem; an NCHW
+    depthwise convolution's one channel) or when x is an NCHW tensor read through the layout
+    pass's conversion (the first convolution of a model), whose columns are contiguous."""
+    H, W = (x.type.shape[a] for a in spatial_axes(x.type.rank, layout))
+    nchw_memory = not x.is_arg and x.owner.name == "cuvil.permute" and tuple(x.owner.attrs["perm"]) == TO_NHWC
+    order = "rcj" if C < NHWC_MIN_CHANNEL_RUN or nchw_memory else "rjc"
     above = index_min(rows, index_max(0, -top_row))
     below = index_max(above, index_min(rows, H - top_row))           # the first row under the image
     inside = index_min(W, Wp - pw)                                   # columns copied per row
     spans = {"r": (above, below), "j": (pw, pw + inside), "c": (0, C)}
+    # zeros where the copy does not write: the rows above and below the image, then the columns
+    # left and right of it (a whole-tile memset first cost as much as the copy)
+    row = Wp * C
+    zero = lambda t: lw.emit(Store(padded, [q, t], const(0.0, DType.f32)))   # noqa: E731
+    lw.loop("t", norm_dim(above * row), zero)
+    lw.loop("t", norm_dim((rows - below) * row), zero, start=norm_dim(below * row))
+    lw.loop("r", norm_dim(below - above), lambda r: (
+        lw.loop("t", norm_dim(pw * C), zero, start=norm_dim(r * row)),
+        lw.loop("t", norm_dim((Wp - pw - inside) * C), zero, start=norm_dim(r * row + (pw + inside) * C))),
+        start=above)
 
     def nest(level, at):
         if level == 3:
             r, j, c = at["r"], at["j"], at["c"]
-            lw.emit(Store(padded, [q, (r * Wp + j) * C + c], lw.value(x, [n, top_row + r, j - pw, c0 + c])))
+            lw.emit(Store(padded, [q, (r * Wp + j) * C + c], lw.value(x, _image(layout, n, c0 + c, top_row + r, j - pw))))
             return
-        name = ("rjc" if C >= NHWC_MIN_CHANNEL_RUN else "rcj")[level]
+        name = order[level]
         lo, hi = spans[name]
         lw.loop(name, norm_dim(index_max(0, sympy.sympify(hi) - lo)), lambda v: nest(level + 1, {**at, name: v}),
                 start=lo)
@@ -736,7 +848,8 @@ def sdpa(lw, op):
 
 
 def conv2d(lw, op):
-    return {"gemm": conv2d_gemm, "implicit": conv2d_implicit, "im2col": conv2d_im2col}[conv_algorithm(op)](lw, op)
+    return {"gemm": conv2d_gemm, "implicit": conv2d_implicit, "im2col": conv2d_im2col,
+            "depthwise": conv2d_depthwise}[conv_algorithm(op)](lw, op)
 
 
 def argtopk(lw, op):
@@ -842,7 +955,7 @@ def gathered_operands(op: Operation) -> list:
     gathers its input element by element (not through BLAS), so a permute or reshape in front of it
     costs nothing. Computed producers stay out: the gather reads each element kh*kw times."""
     x = op.operands[0]
-    if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit") and not x.is_arg \
+    if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit", "depthwise") and not x.is_arg \
             and x.owner.has_tag("view"):
         return [x]
     return []

@@ -846,6 +846,7 @@ FLOAT_OPS: dict[str, Callable] = {
     "neg": lambda em, x: em.b.fneg(x),
     "abs": _f("fabs"),
     "sqrt": _f("sqrt"),
+    "fma": _f("fma"),
     "rsqrt": lambda em, x: em.b.fdiv(_one(em), _f("sqrt")(em, x)),
     "reciprocal": lambda em, x: em.b.fdiv(_one(em), x),
     "floor": _f("floor"),

@@ -115,6 +115,7 @@ RULES: dict[str, Callable[..., Span]] = {
     "add": _add,
     "sub": lambda a, b: _add(a, _neg(b)),
     "mul": _mul,
+    "fma": lambda a, b, c: _add(_mul(a, b), c),
     "div": _div,
     "neg": _neg,
     "abs": _abs,

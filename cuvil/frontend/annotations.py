@@ -16,6 +16,9 @@ from ..errors import CuvilError
 from ..ir import DType
 
 _ANNOTATION = re.compile(r"\s*(?P<dtype>[a-z0-9]+)\s*\[(?P<dims>[^\]]*)\]\s*")
+# where a string annotation reads as a shape rather than a type hint (`Optional[torch.Tensor]`,
+# `list[int]`, `Unpack[Kwargs]` under `from __future__ import annotations` are type hints)
+_LOOKS_LIKE_SHAPE = re.compile(r"\s*(?:bool|b?f[0-9]+|[iu][0-9]+)\s*\[")
 _DIM = re.compile(r"\s*(?:(?P<int>[0-9]+)|(?P<name>[A-Za-z_][A-Za-z_0-9]*))\s*")
 _DTYPE_ALIASES = {"bool": "i1"}
 _EXAMPLE_SIZES = (3, 5, 7, 11, 13, 17, 19, 23)   # distinct, and never 0/1 (torch specialises those)
@@ -70,7 +73,7 @@ def function_annotations(fn) -> dict[str, TensorAnnotation]:
     """The parameters of `fn` annotated with shape strings, in order; other parameters are skipped."""
     out = {}
     for name, p in signature(fn).parameters.items():
-        if isinstance(p.annotation, str) and "[" in p.annotation:
+        if isinstance(p.annotation, str) and _LOOKS_LIKE_SHAPE.match(p.annotation):
             out[name] = parse_annotation(p.annotation, f"parameter '{name}' of {getattr(fn, '__name__', fn)}")
     return out
 

@@ -25,7 +25,7 @@ from ..ir import DType
 from ..ir.types import dims_equal, norm_dim
 from ..ir.ops.common import window_out
 from ..ir.ops.layout import PAD_MODES
-from .importer import Lowering, Unavailable
+from .importer import Lowering, Unavailable, op_name
 
 aten = torch.ops.aten
 
@@ -110,6 +110,14 @@ def identity(L: Lowering, x, *_):
 
 
 def no_op(L: Lowering, *_):
+    return None
+
+
+def size_condition(L: Lowering, *_):
+    """A comparison of sizes; only `_assert_scalar` may use it, and capture has decided those."""
+    for user in L.node.users:
+        if user.target is not aten._assert_scalar.default and ATEN_TABLE.get(user.target) is not size_condition:
+            L.unsupported(f"a condition on sizes used by {op_name(user.target)}, not by an assertion")
     return None
 
 
@@ -585,25 +593,46 @@ def batch_norm(L: Lowering, x, weight, bias, mean, var_, momentum, eps):
     return out, missing, missing
 
 
+def batch_statistics_norm(L: Lowering, x, weight, bias, training, momentum, eps):
+    """Batch norm over the batch's own statistics, with no running ones to update (BiT's weight
+    standardisation normalises its convolution weights this way): mean and biased variance per
+    channel, over every dim but the channels."""
+    dims = [0, *range(2, x.type.rank)]
+    mean = L.op("cuvil.mean", x, dims=dims, keepdim=False)
+    var_ = L.op("cuvil.var", x, dims=dims, correction=0.0, keepdim=False)
+    out = batch_norm(L, x, weight, bias, mean, var_, momentum, eps)[0]
+    return out, mean, L.op("cuvil.rsqrt", binary("cuvil.add")(L, var_, float(eps)))
+
+
 def inference_batch_norm(L: Lowering, x, weight, bias, mean, var_, training, momentum, eps, *_):
     """aten.batch_norm as torch.export leaves it before decompositions (`export.needs_decomposition`
     sends training mode through the decompositions)."""
     return batch_norm(L, x, weight, bias, mean, var_, momentum, eps)[0]
 
 
+def gemm_op(L: Lowering, name: str, *operands, **attrs):
+    """A GEMM-based op (linear, matmul, conv2d, sdpa). With f16 or bf16 operands it computes in f32
+    and rounds its result once, as torch's CPU kernels accumulate in f32 (Cuvil's GEMMs are f32)."""
+    dtype = operands[0].type.dtype
+    if dtype not in (DType.f16, DType.bf16):
+        return L.op(name, *operands, **attrs)
+    wide = [L.cast(o, DType.f32) if o.type.dtype is dtype else o for o in operands]
+    return L.cast(L.op(name, *wide, **attrs), dtype)
+
+
 def linear(L: Lowering, x, weight, bias=None):
-    return L.op("cuvil.linear", x, weight, *_trailing(bias))
+    return gemm_op(L, "cuvil.linear", x, weight, *_trailing(bias))
 
 
 def matmul(L: Lowering, a, b):
-    return L.op("cuvil.matmul", a, b)
+    return gemm_op(L, "cuvil.matmul", a, b)
 
 
 def addmm(L: Lowering, bias, a, b, beta=1, alpha=1):
     """bias*beta + (a @ b)*alpha; the plain case (1-d bias, beta = alpha = 1) is a linear."""
     if beta == 1 and alpha == 1 and bias.type.rank == 1:
-        return L.op("cuvil.linear", a, transpose(L, b, 0, 1), bias)
-    return binary("cuvil.add")(L, _times(L, bias, beta), _times(L, L.op("cuvil.matmul", a, b), alpha))
+        return gemm_op(L, "cuvil.linear", a, transpose(L, b, 0, 1), bias)
+    return binary("cuvil.add")(L, _times(L, bias, beta), _times(L, gemm_op(L, "cuvil.matmul", a, b), alpha))
 
 
 def _times(L: Lowering, x, factor):
@@ -614,7 +643,7 @@ def conv2d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, g
     if x.type.rank == 3:    # an unbatched image: a batch of one
         out = conv2d(L, L.op("cuvil.unsqueeze", x, dim=0), weight, bias, stride, padding, dilation, groups)
         return L.op("cuvil.squeeze", out, dims=[0])
-    return L.op("cuvil.conv2d", x, weight, *_trailing(bias), stride=pair(stride), padding=pair(padding),
+    return gemm_op(L, "cuvil.conv2d", x, weight, *_trailing(bias), stride=pair(stride), padding=pair(padding),
                 dilation=pair(dilation), groups=groups)
 
 
@@ -801,7 +830,7 @@ def conv_transpose(L: Lowering, x, weight, bias=None, stride=1, padding=0, outpu
     after = [max(0, -(-(d * (kk - 1) + op + 1 - p) // s) - 1)
              for kk, s, d, p, op in zip(k, stride, dilation, padding, output_padding)]
     xp = L.op("cuvil.pad", x, low=[0, 0, nh - 1, nw - 1], high=[0, 0, *after], mode="constant", value=0.0)
-    y = L.op("cuvil.conv2d", xp, w, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=groups)
+    y = gemm_op(L, "cuvil.conv2d", xp, w, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=groups)
     n_, _, qh, qw = y.type.shape
     y = L.op("cuvil.reshape", y, shape=[n_, groups, sh, sw, cout_g, qh, qw])
     y = L.op("cuvil.permute", y, perm=[0, 1, 4, 5, 2, 6, 3])
@@ -947,7 +976,7 @@ def sdpa(L: Lowering, q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=
     batch = L.out_shape()[:-2]
     q, k, v = (t if t.type.shape[:-2] == batch else L.op("cuvil.expand", t, shape=[*batch, *t.type.shape[-2:]])
                for t in (q, k, v))
-    return L.op("cuvil.sdpa", q, k, v, *_trailing(mask), is_causal=is_causal,
+    return gemm_op(L, "cuvil.sdpa", q, k, v, *_trailing(mask), is_causal=is_causal,
                 scale=None if scale is None else float(scale))
 
 
@@ -1191,6 +1220,7 @@ ATEN_TABLE = {
     aten.native_group_norm.default: native_group_norm,
     aten.instance_norm.default: instance_norm,
     aten._native_batch_norm_legit_no_training.default: batch_norm,
+    aten._native_batch_norm_legit.no_stats: batch_statistics_norm,
     aten.batch_norm.default: inference_batch_norm,
     # linear algebra, convolution, pooling, attention
     aten.linear.default: linear,
@@ -1279,7 +1309,7 @@ ATEN_TABLE = {
     aten.detach.default: identity,
     # checks torch inserts; Cuvil checks shapes itself
     aten._assert_tensor_metadata.default: no_op,
-    aten._assert_scalar.default: no_op,
+    aten._assert_scalar.default: no_op,         # on sizes: decided at capture (size_conditions.py)
     aten._assert_async.msg: assert_async,
     aten.sym_constrain_range_for_size.default: no_op,
     # symbolic ints and tuples
@@ -1294,6 +1324,15 @@ ATEN_TABLE = {
     torch.sym_max: symbolic_int,        # max(0, n - s) on sizes; a Max torch cannot simplify stays unsupported
     torch.sym_min: symbolic_int,
     operator.getitem: getitem,
+    operator.eq: size_condition,
+    operator.ne: size_condition,
+    operator.lt: size_condition,
+    operator.le: size_condition,
+    operator.gt: size_condition,
+    operator.ge: size_condition,
+    torch.sym_not: size_condition,
+    operator.and_: size_condition,
+    operator.or_: size_condition,
 }
 
 

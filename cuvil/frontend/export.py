@@ -9,8 +9,10 @@ plain function's string annotations (`x: "f32[B,512]"`) are hints too.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import re
+import types
 from dataclasses import dataclass
 from typing import Any, Container
 
@@ -22,6 +24,7 @@ from ..errors import CuvilError
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
 from .locations import exception_frame, record_user_frames
+from .size_conditions import SizeConditionError, check_size_conditions
 
 DEFAULT_RANGE = (1, 4096)
 
@@ -79,34 +82,81 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     module = model_or_fn if isinstance(model_or_fn, nn.Module) else as_module(model_or_fn)
     _check_inference_mode(module)
     record_user_frames(model_or_fn)
+    sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
     try:
-        ep = _export(module, args, kwargs, named, hints, ranges)
+        ep = _export(module, args, kwargs, named, hints, ranges, sizes)
     except CuvilExportError as e:
         # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
         # (BERT's positions end at 512), take the range torch suggests if the example lies in it
-        sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
         fixes = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges}
         if not fixes or not all(lo <= sizes[d] <= hi for d, (lo, hi) in fixes.items()):
             raise
-        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes})
+        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes)
     return Captured(ep, hints)
 
 
-def _export(module, args, kwargs, named: list[str], hints: Hints, ranges) -> torch.export.ExportedProgram:
+def _export(module, args, kwargs, named: list[str], hints: Hints, ranges,
+            sizes: dict[str, int]) -> torch.export.ExportedProgram:
     dims = _make_dims(hints, ranges)
     specs = {name: {ax: dims[d] for ax, d in h.items()} for name, h in hints.items()}
     shapes = {n: specs.get(n) for n in named} if kwargs else tuple(specs.get(n) for n in named)
+    if kwargs and specs:
+        module = _keywords_as_parameters(module, named)
+    export = functools.partial(torch.export.export, module, args, kwargs, dynamic_shapes=shapes if specs else None)
     try:
         with torch.no_grad():
-            ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes if specs else None)
+            try:
+                ep = export()
+            except Exception as e:
+                if not _unprovable_guards(e):
+                    raise
+                # guards on sizes that are not bounds (wav2vec2's `1 % (n//20 - 1) != 0`), which torch's
+                # solver could not prove over the range: export again with them as `_assert_scalar`
+                # nodes, and decide them at every size (size_conditions.py)
+                ep = export(prefer_deferred_runtime_asserts_over_guards=True)
+                check_size_conditions(ep, _dim_names(ep, hints), sizes)
             if needs_decomposition(ep):
                 ep = ep.run_decompositions(decomposition_table())
     except CuvilError:
         raise
+    except SizeConditionError as e:
+        raise CuvilExportError(e.reason, e.source, e.suggested) from None
     except Exception as e:   # torch raises many kinds; all mean "could not capture"
         frame = exception_frame(e)
         raise CuvilExportError(summarise(e), str(frame) if frame else None, suggested_ranges(e)) from None
     return ep
+
+
+def _keywords_as_parameters(module: nn.Module, names: list[str]) -> nn.Module:
+    """`module`, or where keywords of the call land in forward's **kwargs, a module around it whose
+    forward names every argument of the call: torch.export's check of dynamic shapes fails on the
+    nested dict of a **kwargs parameter ("Must provide a tree_name"). Its weights are then named
+    `model.*`. (A copy of the module with its own forward would keep the names, but Hugging Face's
+    output recording keeps per-call state on the instance and records the copy's layers wrongly.)"""
+    params = signature(module.forward).parameters
+    if all(n in params for n in names) or not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return module
+
+    def forward(self, **kwargs):
+        return self.model(**kwargs)
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ["self", *names]])
+    wrapper = nn.Module()
+    wrapper.model = module
+    wrapper.forward = types.MethodType(forward, wrapper)
+    return wrapper
+
+
+def _dim_names(ep: torch.export.ExportedProgram, hints: Hints) -> dict:
+    """torch's symbol for each dynamic input dim -> the user's name for it."""
+    out = {}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in hints and isinstance(node.meta.get("val"), torch.Tensor):
+            for ax, d in hints[node.name].items():
+                size = node.meta["val"].shape[ax]
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    out[size.node.expr] = str(d)
+    return out
 
 
 def needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
@@ -255,9 +305,37 @@ _NOISE = re.compile(r"^(For more information|For more debugging help|For extende
 _DIM_FIX = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
 
 
+_VIOLATION = re.compile(r"Not all values of (\w+) = (\S+) in the specified range .*? satisfy the generated guard (.*)")
+_BOUND = re.compile(r"(?:(\d+) <= (\S+)|(\S+) <= (\d+))")
+
+
+def _violated_guards(e: BaseException) -> list[tuple[str, tuple[int, int] | None]]:
+    """(dim name, (lo, hi) where the guard is only bounds on the dim, else None) for each guard
+    that torch.export says not all values of a dim's range satisfy."""
+    out = []
+    for name, source, guard in _VIOLATION.findall(str(e)):
+        bounds = [_BOUND.fullmatch(part) for part in guard.strip().rstrip(".").split(" and ")]
+        if not all(b and source in (b[2], b[3]) for b in bounds):
+            out.append((name, None))
+            continue
+        lo = max([int(b[1]) for b in bounds if b[1]], default=DEFAULT_RANGE[0])
+        hi = min([int(b[4]) for b in bounds if b[4]], default=DEFAULT_RANGE[1])
+        out.append((name, (lo, hi)))
+    return out
+
+
+def _unprovable_guards(e: BaseException) -> bool:
+    return any(r is None for _, r in _violated_guards(e))
+
+
 def suggested_ranges(e: BaseException) -> dict[str, tuple[int, int]]:
-    """The ranges torch's suggested fixes give dims (`x_dim1 = Dim('x_dim1', min=100, max=150)`)."""
-    return {m[2]: (int(m[3] or DEFAULT_RANGE[0]), int(m[4] or DEFAULT_RANGE[1])) for m in _DIM_FIX.finditer(str(e))}
+    """The ranges torch's suggested fixes give dims (`x_dim1 = Dim('x_dim1', min=100, max=150)`), or
+    where it suggests no range for a dim (it may suggest `n = 20*_n` instead), the bounds of a
+    violated guard made only of them (`60 <= L['x'].size()[1] and L['x'].size()[1] <= 4096`)."""
+    out = {name: r for name, r in _violated_guards(e) if r is not None}
+    out.update({m[2]: (int(m[3] or DEFAULT_RANGE[0]), int(m[4] or DEFAULT_RANGE[1]))
+                for m in _DIM_FIX.finditer(str(e))})
+    return out
 
 
 def summarise(e: BaseException, max_lines: int = 10) -> str:

@@ -138,7 +138,23 @@ def _factor_str(e, in_sum: bool = False) -> str:
 def floordiv(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return a // b
-    return norm_dim(sympy.floor(sympy.sympify(a) / b))
+    a = sympy.sympify(a)
+    if isinstance(b, int) and b > 0:
+        a, b = _merge_inner_floor(a, b)
+    return norm_dim(sympy.floor(a / b))
+
+
+def _merge_inner_floor(a: sympy.Expr, b: int) -> tuple[sympy.Expr, sympy.Expr]:
+    """(p//q + r)//b is (p + r*q)//(q*b) for integer r and positive q, b: two strided convs give
+    `(h - 1)//4`, as torch writes it, rather than `((h - 1)//2)//2`, which sympy cannot prove equal."""
+    floors = [t for t in sympy.Add.make_args(a) if isinstance(t, sympy.floor)]
+    if len(floors) != 1:
+        return a, b
+    num, den = sympy.fraction(sympy.together(floors[0].args[0]))
+    if not (den.is_Integer and den > 0):
+        return a, b
+    rest = a - floors[0]
+    return num + rest * den, den * b
 
 
 def symbols_of(d: Dim) -> set[str]:

@@ -16,9 +16,9 @@ from codegen_helpers import Graph, T, compile_graphs, run
 C = 3
 
 
-def _linear_depthwise(b, x, w, k):
+def _linear_small_conv(b, x, w, k):
     y = b("cuvil.linear", x, w)
-    z = b("cuvil.conv2d", y, k, padding=[1, 1], groups=C)     # depthwise: a window op
+    z = b("cuvil.conv2d", y, k, padding=[1, 1])     # in_channels * kh * kw = 12: direct, a window op
     return b("cuvil.relu", z)
 
 
@@ -39,7 +39,7 @@ def _ops(fn, *names):
 
 @pytest.fixture(scope="module")
 def graphs():
-    gs = {"dw": Graph("gemm_then_depthwise", _linear_depthwise, [T("n", C, 5, 6), T(7, 6), T(C, 1, 3, 3)]),
+    gs = {"dw": Graph("gemm_then_small_conv", _linear_small_conv, [T("n", C, 5, 6), T(7, 6), T(C, C, 2, 2)]),
           "table": Graph("computed_table", _computed_table,
                          [T(10, 4), T("n", 3, dtype=DType.i64), T(6, 5), T(4, dtype=DType.i64)])}
     return gs, compile_graphs(gs.values())
@@ -49,12 +49,12 @@ def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def test_gemm_feeding_depthwise_conv_gets_its_own_kernel(graphs):
+def test_gemm_feeding_a_direct_conv_gets_its_own_kernel(graphs):
     gs, compiled = graphs
     g = gs["dw"]
     assert _names(g.fn, fusion_groups(g.fn)) == [["linear"], ["conv2d", "relu"]]
-    x, w, k = _rand(2, C, 5, 6), _rand(7, 6, seed=1), _rand(C, 1, 3, 3, seed=2)
-    torch.testing.assert_close(run(g, compiled, x, w, k), torch.relu(F.conv2d(F.linear(x, w), k, padding=1, groups=C)))
+    x, w, k = _rand(2, C, 5, 6), _rand(7, 6, seed=1), _rand(C, C, 2, 2, seed=2)
+    torch.testing.assert_close(run(g, compiled, x, w, k), torch.relu(F.conv2d(F.linear(x, w), k, padding=1)))
 
 
 def test_computed_table_gets_its_own_kernel(graphs):

@@ -13,8 +13,12 @@ MATMUL_SHAPES = [((5, 7, 9), (9, 4)), ((3, 5, 7, 9), (5, 9, 4)), ((2, 1, 7, 9), 
                  ((5, 9), (9,)), ((9,), (9,)), ((4, 9), (3, 2, 9, 5)), ((130, 33), (33, 70))]
 # (in channels, out channels, groups, kernel, stride, padding, dilation)
 CONVS = [(3, 8, 1, 3, 1, 1, 1), (16, 32, 1, 3, 2, 1, 1), (16, 16, 16, 3, 1, 1, 1), (16, 32, 4, 3, 2, 2, 2),
-         (16, 8, 1, 1, 1, 0, 1), (8, 16, 8, 5, 2, 2, 1), (32, 8, 2, 3, 1, 0, 3), (4, 6, 1, 2, 1, 1, 1)]
-POOLS = [(3, 2, 1, 1, False), (2, 2, 0, 1, True), (3, 1, 1, 2, False), (3, 2, 1, 1, True)]
+         (16, 8, 1, 1, 1, 0, 1), (8, 16, 8, 5, 2, 2, 1), (32, 8, 2, 3, 1, 0, 3), (4, 6, 1, 2, 1, 1, 1),
+         (12, 12, 12, 7, 1, 3, 1), (8, 8, 8, 3, 2, 2, 2), (1, 4, 1, 3, 1, 1, 1)]
+# (kernel, stride, padding, dilation, ceil_mode); the last three are windows over CLIPPED_WINDOW
+# elements, which loop over their part inside the image
+POOLS = [(3, 2, 1, 1, False), (2, 2, 0, 1, True), (3, 1, 1, 2, False), (3, 2, 1, 1, True),
+         (9, 3, 4, 1, True), (11, 2, 0, 1, False), (13, 13, 6, 1, True)]
 
 
 def _conv(c, oc, g, k, s, p, d, bias):
@@ -47,6 +51,17 @@ GRAPHS = {
     "adaptive": Graph("adaptive", lambda b, x: [b(f"cuvil.adaptive_{kind}_pool2d", x, output_size=list(o))
                                                 for kind in ("avg", "max")
                                                 for o in ((1, 1), (3, 5), (5, 7), (11, 12))], [T("s0", 3, 11, 12)]),
+    **{f"depthwise_symbolic_{layout}": Graph(
+        f"depthwise_symbolic_{layout}", lambda b, x, w, bi, layout=layout: [
+            b("cuvil.relu", b("cuvil.conv2d", x, w, bi, stride=[s, s], padding=[3, 3], groups=8, layout=layout))
+            for s in (1, 2)],
+        [T(2, 8, "s0", "s1"), T(8, 1, 7, 7), T(8)] if layout == "nchw" else
+        [T(2, "s0", "s1", 8), T(7, 7, 1, 8), T(8)]) for layout in ("nchw", "nhwc")},
+    "large_windows_symbolic_height": Graph(
+        "large_windows_symbolic_height", lambda b, x: [
+            b("cuvil.max_pool2d", x, kernel=[9, 9], stride=[2, 2], padding=[4, 4]),
+            b("cuvil.avg_pool2d", x, kernel=[12, 9], stride=[5, 1], padding=[0, 3], count_include_pad=False)],
+        [T(2, 3, "s0", 12)]),
     "pool_3d_input": Graph("pool_3d_input", lambda b, x: b("cuvil.max_pool2d", x, kernel=[2, 2]), [T(3, 8, 8)]),
 }
 
@@ -91,9 +106,24 @@ def test_conv2d(compiled, i):
     torch.testing.assert_close(run(GRAPHS[f"conv{i}"], compiled, *args), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("h, w", [(5, 9), (16, 17), (1, 30)])
+def test_depthwise_over_a_symbolic_height_and_width(compiled, layout, h, w):
+    x, weight, bias = rand(2, 8, h, w), rand(8, 1, 7, 7, seed=1), rand(8, seed=2)
+    if layout == "nhwc":
+        got = run(GRAPHS["depthwise_symbolic_nhwc"], compiled, x.permute(0, 2, 3, 1).contiguous(),
+                  weight.permute(2, 3, 1, 0).contiguous(), bias)
+        got = [t.permute(0, 3, 1, 2) for t in got]
+    else:
+        got = run(GRAPHS["depthwise_symbolic_nchw"], compiled, x, weight, bias)
+    for s, out in zip((1, 2), got):
+        torch.testing.assert_close(out, F.relu(F.conv2d(x, weight, bias, s, 3, 1, 8)), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_algorithm_choice():
     chosen = [conv_algorithm(GRAPHS[f"conv{i}"].fn.ops[0]) for i in range(len(CONVS))]
-    assert chosen == ["im2col", "im2col", "direct", "im2col", "gemm", "direct", "im2col", "direct"]
+    assert chosen == ["im2col", "im2col", "depthwise", "im2col", "gemm", "depthwise", "im2col", "direct",
+                      "depthwise", "depthwise", "depthwise"]
 
 
 def test_conv_epilogue_fuses(compiled):
@@ -114,6 +144,14 @@ def test_pooling(compiled, i):
         for div in (None, 5):
             torch.testing.assert_close(run(GRAPHS[f"avgpool{i}_{cip}_{div}"], compiled, x),
                                        F.avg_pool2d(x, k, s, p, cm, cip, div), equal_nan=True)
+
+
+@pytest.mark.parametrize("height", [12, 13, 30])
+def test_large_windows_over_a_symbolic_height(compiled, height):
+    x = rand(2, 3, height, 12)
+    max_out, avg_out = run(GRAPHS["large_windows_symbolic_height"], compiled, x)
+    torch.testing.assert_close(max_out, F.max_pool2d(x, 9, 2, 4))
+    torch.testing.assert_close(avg_out, F.avg_pool2d(x, (12, 9), (5, 1), (0, 3), count_include_pad=False))
 
 
 def test_adaptive_pooling_and_rank3_input(compiled):

@@ -67,6 +67,7 @@ def test_what_can_be_nan_and_infinite():
     assert close(r.span(f("log", f("sigmoid", X))), -math.inf, 0.0, True)  # log of [0, 1]
     assert close(r.span(f("max", f("min", X, c(80.0)), c(-80.0))), -80.0, 80.0, True)
     assert close(r.span(f("select", f("lt", X, c(0.0)), c(-2.0), f("sigmoid", X))), -2.0, 1.0, True)
+    assert close(r.span(f("fma", c(3.0), f("tanh", X), c(1.0))), -2.0, 4.0, True)   # 3 * [-1, 1] + 1
 
 
 def test_scalars_carry_their_definition_and_reductions_do_not():

@@ -119,6 +119,27 @@ def test_a_keyword_after_a_skipped_parameter_and_a_flag():
     assert m.num_variants == 3
 
 
+def test_keywords_that_land_in_var_keyword_parameters():
+    # Hugging Face's forward(input_ids, ..., **kwargs): options such as output_hidden_states land in kwargs
+    class Options(nn.Module):
+        def forward(self, x, mask=None, **kwargs):
+            y = x * kwargs.get("scale", 1.0)
+            if kwargs.get("shifted", False):
+                y = y + 1
+            extra = kwargs.get("extra")
+            return y if extra is None else (y, y * extra)
+
+    net, m = Options(), cuvil.compile(Options(), dynamic={"x": {0: "batch"}, "extra": {0: "batch"}})
+    x, e = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(m(x, scale=2.0), net(x, scale=2.0))
+    torch.testing.assert_close(m(x, scale=2.0, shifted=True), net(x, scale=2.0, shifted=True))
+    torch.testing.assert_close(m(x, extra=e), net(x, extra=e))
+    y = torch.randn(5, 4)
+    torch.testing.assert_close(m(y, scale=2.0, shifted=True), net(y, scale=2.0, shifted=True))
+    torch.testing.assert_close(m(y, extra=y), net(y, extra=y))
+    assert m.num_variants == 3                    # one per set of options; the batch stays dynamic
+
+
 # ----------------------------------------------------------------------------- outputs that alias
 
 def test_outputs_that_are_inputs_weights_or_repeated_get_their_own_buffers():

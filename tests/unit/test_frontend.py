@@ -3,8 +3,10 @@ import linecache
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+import cuvil
 from cuvil import ir, zoo
 from cuvil.errors import CuvilError, CuvilUnsupportedOpError
 from cuvil.frontend import CuvilExportError, import_model
@@ -219,6 +221,35 @@ def test_annotation_must_agree_with_example():
         import_model(scaled_matmul, (torch.randn(4, 512), torch.randn(512, 11)))
 
 
+class TypeHinted(nn.Module):
+    """Under `from __future__ import annotations` every hint is a string, and Hugging Face models
+    write `Optional[torch.Tensor]`, `list[int]` and `Unpack[...]`: type hints, not shapes."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: "torch.Tensor", mask: "Optional[torch.Tensor]" = None, sizes: "list[int] | None" = None,
+                **kwargs: "Unpack[dict]"):
+        y = self.fc(x)
+        return y if mask is None else y * mask
+
+
+def test_type_hints_in_strings_are_not_shape_annotations():
+    m = TypeHinted().eval()
+    x, mask = torch.randn(2, 8), torch.rand(2, 4)
+    r = import_model(m, (x, mask))
+    torch.testing.assert_close(ir.interpret(r.module, x, mask)[0], m(x, mask))
+
+
+def mistyped_shape(x: "f31[B,8]"):
+    return x * 2
+
+
+def test_a_mistyped_shape_annotation_is_still_an_error():
+    with pytest.raises(CuvilError, match="parameter 'x' of mistyped_shape: unknown dtype 'f31'"):
+        import_model(mistyped_shape, (torch.randn(2, 8),))
+
+
 @pytest.mark.parametrize("text, dtype, dims", [
     ("f32[B,512]", "f32", ("B", 512)),
     (" i64[ batch , seq ] ", "i64", ("batch", "seq")),
@@ -238,6 +269,18 @@ def test_parse_annotation(text, dtype, dims):
 def test_bad_annotations(text, message):
     with pytest.raises(CuvilError, match=message):
         parse_annotation(text)
+
+
+def test_batch_norm_over_the_batchs_own_statistics():
+    # training mode without running statistics (BiT standardises its convolution weights so)
+    def normalise(x, w, b):
+        return F.batch_norm(x, None, None, w, b, training=True, eps=1e-3) * 2
+
+    x, w, b = torch.randn(4, 3, 5, 6), torch.randn(3), torch.randn(3)
+    r = import_model(normalise, (x, w, b))
+    assert [op.name for op in r.function.ops][:3] == ["cuvil.mean", "cuvil.var", "cuvil.batch_norm"]
+    torch.testing.assert_close(ir.interpret(r.module, x, w, b)[0], normalise(x, w, b))
+    torch.testing.assert_close(cuvil.compile(normalise)(x, w, b), normalise(x, w, b))
 
 
 # ----------------------------------------------------------------------------- source locations

@@ -56,3 +56,22 @@ def test_fp32_adds_no_pass_and_a_bad_precision_is_named():
     assert "mixed-precision" not in [p["name"] for p in report.passes]
     with pytest.raises(CuvilError, match="precision must be one of fp32, bf16, fp16, not 'int8'"):
         cuvil.compile(entry.model, precision="int8")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_model_in_half_precision_runs_its_gemms_in_f32_and_rounds_once(dtype):
+    # torch's CPU convolutions and linears in f16/bf16 accumulate in f32 and round the result: so
+    # does Cuvil (whose GEMMs are f32), which used to refuse such a model
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, groups=8, padding=1), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 8 * 8, 16)).to(dtype).eval()
+    x = torch.randn(2, 3, 8, 8, dtype=dtype)
+    got = cuvil.compile(model)(x)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, model(x), rtol=0, atol=0)
+    q, k, v = (torch.randn(1, 2, 9, 16, dtype=dtype) for _ in range(3))
+    attention = cuvil.compile(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v) @ v.transpose(-1, -2))
+    reference = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double()) @ v.double().transpose(-1, -2)
+    eager = torch.nn.functional.scaled_dot_product_attention(q, k, v) @ v.transpose(-1, -2)
+    assert max_err(attention(q, k, v), reference) <= 2 * max_err(eager, reference)

@@ -1,0 +1,165 @@
+"""Conditions on input sizes that torch.export could not prove over the declared ranges.
+
+torch.export turns a guard on sizes into a range or an equality where it can, and rejects a range
+for which its solver cannot prove any other guard (`1 % (n//20 - 1) != 0` in wav2vec2's positional
+convolution, true for every n >= 60). Cuvil then exports again with
+`prefer_deferred_runtime_asserts_over_guards`, which keeps such guards as `_assert_scalar` nodes in
+the graph, and decides each one by evaluating it at every size in the ranges at once (int64
+tensors): true everywhere, and the compiled program serves the whole range; false somewhere, and
+the capture fails with the condition, a source line near the check, and the widest range around
+the example where it holds (which a dim without a declared range then takes).
+"""
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+import torch.utils._sympy.functions as tfn
+
+from .locations import node_frame
+
+MAX_POINTS = 1 << 22      # sizes evaluated at once; a condition over more is refused (narrow the ranges)
+
+
+class SizeConditionError(Exception):
+    """A condition fails for some sizes in the ranges, or cannot be decided."""
+    def __init__(self, reason: str, source: str | None, suggested: dict[str, tuple[int, int]]):
+        super().__init__(reason)
+        self.reason, self.source, self.suggested = reason, source, suggested
+
+
+def check_size_conditions(ep: torch.export.ExportedProgram, names: dict, examples: dict[str, int]) -> None:
+    """Raise SizeConditionError for the first `_assert_scalar` on sizes that some size in the ranges
+    fails. `names` maps torch's input symbols to the user's dim names, `examples` those names to the
+    example sizes."""
+    ranges = {s: (int(vr.lower), vr.upper) for s, vr in ep.range_constraints.items()}
+    for node in ep.graph.nodes:
+        if node.target is not torch.ops.aten._assert_scalar.default:
+            continue
+        cond = node.args[0]
+        value = cond.meta.get("val") if isinstance(cond, torch.fx.Node) else cond
+        if not isinstance(value, torch.SymBool):
+            continue            # a constant condition, or one on tensor values (refused at import)
+        expr = value.node.expr
+        if not expr.free_symbols:
+            continue            # settled when torch simplified it
+        if not expr.free_symbols <= set(names):
+            continue            # a data-dependent size: the importer refuses it with its own message
+        _decide(expr, node, ranges, names, examples)
+
+
+def _decide(expr, node, ranges, names: dict, examples: dict[str, int]) -> None:
+    symbols = sorted(expr.free_symbols, key=str)
+    text = str(expr.xreplace({s: sympy.Symbol(names[s]) for s in symbols}))
+    cond = node.args[0]    # its frame is the user's check; the assertion's may be a later line
+    frame = node_frame(cond) or node_frame(node)
+    source = str(frame) if frame else None
+    spans = [ranges.get(s, (1, sympy.oo)) for s in symbols]
+    points = 1
+    for lo, hi in spans:    # an unbounded range (torch's int_oo is not an Integer) is too many points
+        points *= (int(hi) - lo + 1) if sympy.sympify(hi).is_Integer else MAX_POINTS + 1
+    holds = _evaluate(expr, symbols, spans) if points <= MAX_POINTS else None
+    if holds is None:
+        where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
+        raise SizeConditionError(f"the model requires {text}, which Cuvil cannot check for every size ({where}); "
+                                 f"declare narrower ranges= or static sizes", source, {})
+    if bool(holds.all()):
+        return
+    grids = torch.meshgrid(*[torch.arange(lo, int(hi) + 1) for lo, hi in spans], indexing="ij")
+    failing = ", ".join(f"{names[s]}={int(g[~holds][0])}" for s, g in zip(symbols, grids))
+    suggested = {}
+    if len(symbols) == 1 and names[symbols[0]] in examples:
+        suggested = _widest_around(holds, spans[0][0], examples[names[symbols[0]]], names[symbols[0]])
+    where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
+    raise SizeConditionError(f"the model requires {text}, which fails at {failing} within the range {where}",
+                             source, suggested)
+
+
+def _widest_around(holds: torch.Tensor, lo: int, example: int, name: str) -> dict[str, tuple[int, int]]:
+    """The widest range around the example size where the condition holds everywhere."""
+    i = example - lo
+    if not 0 <= i < len(holds) or not holds[i]:
+        return {}
+    start, end = i, i
+    while start > 0 and holds[start - 1]:
+        start -= 1
+    while end + 1 < len(holds) and holds[end + 1]:
+        end += 1
+    return {name: (lo + start, lo + end)}
+
+
+_RELATIONS = {sympy.Eq: operator.eq, sympy.Ne: operator.ne, sympy.Lt: operator.lt, sympy.Le: operator.le,
+              sympy.Gt: operator.gt, sympy.Ge: operator.ge}
+
+
+def _evaluate(expr, symbols: list, spans: list) -> torch.Tensor | None:
+    """expr at every point of the ranges, as a bool tensor; None where it uses a function Cuvil does
+    not evaluate. Where a division in it is by zero the model cannot run, so the condition fails there."""
+    grids = torch.meshgrid(*[torch.arange(lo, int(hi) + 1) for lo, hi in spans], indexing="ij")
+    by_zero = torch.zeros(grids[0].shape, dtype=torch.bool)
+    try:
+        result = _Evaluator(dict(zip(symbols, grids)), by_zero).eval(expr)
+    except _Undecided:
+        return None
+    return torch.as_tensor(result).broadcast_to(by_zero.shape) & ~by_zero
+
+
+class _Undecided(Exception):
+    pass
+
+
+class _Evaluator:
+    def __init__(self, env: dict, by_zero: torch.Tensor):
+        self.env, self.by_zero = env, by_zero
+
+    def eval(self, e):
+        if e in self.env:
+            return self.env[e]
+        if e.is_Integer:
+            return int(e)
+        if e is sympy.true or e is sympy.false:
+            return bool(e)
+        args = [self.eval(a) for a in e.args]
+        if e.is_Add:
+            return sum(args[1:], args[0])
+        if e.is_Mul:
+            out = args[0]
+            for a in args[1:]:
+                out = out * a
+            return out
+        if e.is_Pow and e.exp.is_Integer and e.exp >= 0:
+            return args[0] ** int(e.exp)
+        if isinstance(e, (tfn.FloorDiv, tfn.CleanDiv)):
+            return self.floordiv(args[0], args[1])
+        if isinstance(e, tfn.CeilDiv):
+            return -self.floordiv(-torch.as_tensor(args[0]), args[1])
+        if isinstance(e, (tfn.Mod, tfn.PythonMod, sympy.Mod)):
+            return args[0] - args[1] * self.floordiv(args[0], args[1])
+        if isinstance(e, (sympy.Max, tfn.Max)):
+            return _fold(torch.maximum, args)
+        if isinstance(e, (sympy.Min, tfn.Min)):
+            return _fold(torch.minimum, args)
+        for kind, op in _RELATIONS.items():
+            if isinstance(e, kind):
+                return op(torch.as_tensor(args[0]), torch.as_tensor(args[1]))
+        if isinstance(e, sympy.And):
+            return _fold(torch.logical_and, args)
+        if isinstance(e, sympy.Or):
+            return _fold(torch.logical_or, args)
+        if isinstance(e, sympy.Not):
+            return torch.logical_not(torch.as_tensor(args[0]))
+        raise _Undecided(type(e).__name__)
+
+    def floordiv(self, a, b):
+        b = torch.as_tensor(b)
+        zero = b == 0
+        self.by_zero |= zero.broadcast_to(self.by_zero.shape)
+        return torch.div(torch.as_tensor(a), torch.where(zero, 1, b), rounding_mode="floor")
+
+
+def _fold(fn, args):
+    out = torch.as_tensor(args[0])
+    for a in args[1:]:
+        out = fn(out, torch.as_tensor(a))
+    return out

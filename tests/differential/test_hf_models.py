@@ -1,0 +1,132 @@
+"""Hugging Face architectures (small configs, random weights) compiled with `cuvil.compile` against
+an fp64 run of the same model: Cuvil's error may be at most twice eager fp32's own, plus 1e-5 of
+the output's scale. Each case is one that a survey of 65 architectures found failing: options
+passed as keywords into `**kwargs`, string type hints, guards on sizes torch.export could not
+prove, nested floor divisions of a dynamic height, a huge pooling window, and depthwise
+convolutions."""
+import copy
+
+import pytest
+import torch
+import transformers
+
+import cuvil
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+def randomize(model: torch.nn.Module) -> torch.nn.Module:
+    """Random weights and batch-norm statistics (some configs initialise layers to zero, which
+    would make every output 0 and the comparison vacuous)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            centre = 1.0 if name.endswith("weight") and p.dim() == 1 else 0.0
+            p.copy_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.5) + centre)
+        for name, b in model.named_buffers():
+            if name.endswith("running_var"):
+                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
+            elif name.endswith("running_mean"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+def assert_close_to_fp64(model, got: torch.Tensor, *args, pick=lambda out: out[0], **kwargs):
+    with torch.no_grad():
+        fp32 = pick(model(*args, **kwargs))
+        fp64 = pick(copy.deepcopy(model).double()(*[a.double() if a.is_floating_point() else a for a in args],
+                                                  **kwargs)).float()
+    scale = float(fp64.abs().max())
+    assert scale > 0
+    eager_error = float((fp32 - fp64).abs().max())
+    assert float((got - fp64).abs().max()) <= 2 * eager_error + 1e-5 * scale
+
+
+def test_keyword_options_that_land_in_kwargs():
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                  max_position_embeddings=64, vocab_size=100)
+    model = randomize(transformers.BertModel(cfg))
+    c = cuvil.compile(model)
+    ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(1))
+    as_tuple = c(ids, return_dict=False)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == 2
+    assert_close_to_fp64(model, as_tuple[0], ids)
+    # at a second length the sequence dim becomes dynamic, and torch.export needs the keyword named
+    for ids in (ids, torch.randint(0, 100, (1, 17), generator=torch.Generator().manual_seed(2))):
+        out = c(ids, output_hidden_states=True)
+        assert len(out.hidden_states) == 3
+        for i in range(3):
+            assert_close_to_fp64(model, out.hidden_states[i], ids, output_hidden_states=True,
+                                 pick=lambda o, i=i: o.hidden_states[i])
+    assert any("dynamic" in line for line in c.explain_recompiles())
+
+
+def test_sequence_classification_with_string_type_hints_and_a_dynamic_length():
+    # its forward's hints (`Optional[torch.Tensor]`, `Unpack[...]`) are strings: not shape annotations
+    cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, vocab_size=100, max_position_embeddings=64, pad_token_id=0)
+    model = randomize(transformers.LlamaForSequenceClassification(cfg))
+    c = cuvil.compile(model, dynamic={"input_ids": {1: "seq"}})
+    g = torch.Generator().manual_seed(2)
+    for n in (12, 20):
+        ids = torch.randint(1, 100, (2, n), generator=g)
+        assert_close_to_fp64(model, c(ids, use_cache=False).logits, ids, use_cache=False,
+                             pick=lambda o: o.logits)
+    assert c.explain_recompiles() == []
+
+
+def test_audio_of_any_length_in_one_program():
+    # guards on the length (`1 % (n//20 - 1) != 0`) that torch's solver cannot prove over a range
+    cfg = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(5, 2, 2),
+                                      conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+                                      num_conv_pos_embedding_groups=2)
+    model = randomize(transformers.Wav2Vec2Model(cfg))
+    c = cuvil.compile(model, dynamic=[{1: "n"}])
+    g = torch.Generator().manual_seed(3)
+    for n in (1600, 2345, 999):
+        x = torch.randn(1, n, generator=g)
+        assert_close_to_fp64(model, c(x)[0], x)
+    assert c.explain_recompiles() == []
+
+
+def test_a_resnet_with_dynamic_height_and_width():
+    cfg = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 32, 64], depths=[1, 1, 1, 1])
+    model = randomize(transformers.ResNetModel(cfg))
+    c = cuvil.compile(model, dynamic=[{2: "h", 3: "w"}], ranges={"h": (33, 128), "w": (33, 136)})
+    g = torch.Generator().manual_seed(4)
+    for h, w in ((64, 72), (77, 85), (33, 136)):
+        x = torch.randn(1, 3, h, w, generator=g)
+        assert_close_to_fp64(model, c(x)[0], x)
+    assert c.explain_recompiles() == []
+
+
+@pytest.mark.parametrize("name", ["efficientnet", "convnext", "mobilenet_v2"])
+def test_depthwise_convolution_models(name):
+    # EfficientNet pools its 4x4 map with a 640x640 window; all three are built on depthwise convolutions
+    model = randomize({
+        "efficientnet": lambda: transformers.EfficientNetModel(transformers.EfficientNetConfig(
+            image_size=128, width_coefficient=0.5, depth_coefficient=0.5, hidden_dim=640)),
+        "convnext": lambda: transformers.ConvNextModel(transformers.ConvNextConfig(
+            hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1])),
+        "mobilenet_v2": lambda: transformers.MobileNetV2Model(transformers.MobileNetV2Config(
+            image_size=128, depth_multiplier=0.5)),
+    }[name]())
+    x = torch.randn(1, 3, 128, 128, generator=torch.Generator().manual_seed(5))
+    out = cuvil.compile(model)(x)
+    assert_close_to_fp64(model, out[0], x)
+    assert_close_to_fp64(model, out[1], x, pick=lambda o: o[1])
+
+
+def test_weight_standardised_convolutions():
+    # BiT normalises each convolution's weights by their own statistics (batch norm, training mode,
+    # no running statistics), folded at compile time
+    cfg = transformers.BitConfig(embedding_size=32, hidden_sizes=[32, 64, 64, 128], depths=[1, 1, 1, 1], num_groups=8)
+    model = randomize(transformers.BitModel(cfg))
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(6))
+    assert_close_to_fp64(model, cuvil.compile(model)(x)[0], x)

@@ -1,0 +1,96 @@
+"""Conditions on input sizes that torch.export leaves as `_assert_scalar`: Cuvil decides them over
+the ranges at capture (cuvil/frontend/size_conditions.py), and nested floor divisions of sizes
+(two strided convolutions) compare equal to torch's single division."""
+import pytest
+import sympy
+import torch
+from torch import nn
+from torch.export import Dim
+
+import cuvil
+from cuvil.frontend import CuvilExportError, import_model
+from cuvil.frontend.export import suggested_ranges
+from cuvil.ir.types import floordiv, sym
+
+
+class PositionalPadding(nn.Module):
+    """wav2vec2's positional convolution guards `1 % (n//20 - 1) != 0` on the audio length in
+    miniature: a guard torch's solver cannot prove over a range, though it holds for n >= 60."""
+    def forward(self, x):
+        k = x.shape[1] // 20 - 1
+        if 1 % k == 0:
+            return x - 1
+        return x * 2
+
+
+def test_torch_alone_rejects_the_range_the_condition_holds_over():
+    # the reason for size_conditions.py: without it, this range is refused
+    with pytest.raises(Exception, match="Constraints violated"):
+        torch.export.export(PositionalPadding(), (torch.randn(2, 100),),
+                            dynamic_shapes=({1: Dim("n", min=60, max=4000)},))
+
+
+def test_a_condition_true_over_the_range_compiles_one_program_for_every_size():
+    m = PositionalPadding()
+    c = cuvil.compile(m, dynamic=[{1: "n"}], ranges={"n": (60, 4000)})
+    for n in (60, 61, 100, 1999, 4000):
+        x = torch.randn(2, n)
+        assert torch.equal(c(x), m(x))
+    assert c.explain_recompiles() == []
+
+
+def test_a_condition_false_somewhere_in_a_declared_range_names_the_size():
+    with pytest.raises(CuvilExportError) as info:
+        import_model(PositionalPadding(), (torch.randn(2, 100),), dynamic=[{1: "n"}], ranges={"n": (20, 4000)})
+    message = str(info.value)
+    assert "fails at n=20 within the range n in [20, 4000]" in message
+    assert "Mod(1, n//20 - 1)" in message.replace("((n//20))", "n//20")
+    assert info.value.suggested_ranges == {"n": (60, 4000)}
+
+
+def test_without_a_declared_range_the_widest_range_around_the_example_is_taken():
+    r = import_model(PositionalPadding(), (torch.randn(2, 100),), dynamic=[{1: "n"}])
+    assert r.function.symbols == {"s0": (60, 4096)}
+
+
+class ModThree(nn.Module):
+    def forward(self, x):
+        torch._check(x.shape[1] % 3 != 1)
+        return x * 2
+
+
+def test_a_checked_condition_is_decided_at_every_size():
+    with pytest.raises(CuvilExportError, match=r"requires Ne\(Mod\(n, 3\), 1\), which fails at n=4 "
+                                               r"within the range n in \[2, 50\]"):
+        import_model(ModThree(), (torch.randn(2, 9),), dynamic=[{1: "n"}], ranges={"n": (2, 50)})
+    r = import_model(ModThree(), (torch.randn(2, 9),), dynamic=[{1: "n"}], ranges={"n": (8, 9)})
+    assert r.function.symbols == {"s0": (8, 9)}
+
+
+def test_a_range_from_a_violated_guard_where_torch_suggests_a_derived_dim():
+    text = ("Constraints violated (n)!\n  - Not all values of n = L['input_values'].size()[1] in the specified "
+            "range n <= 4096 satisfy the generated guard 60 <= L['input_values'].size()[1] and "
+            "L['input_values'].size()[1] <= 4096\nSuggested fixes:\n  _n = Dim('_n', min=3, max=204)\n  n = 20*_n")
+    assert suggested_ranges(Exception(text)) == {"n": (60, 4096), "_n": (3, 204)}
+
+
+# ----------------------------------------------------------------------------- nested floor divisions
+
+@pytest.mark.parametrize("inner, outer", [(2, 2), (2, 3), (5, 4)])
+def test_nested_floor_divisions_merge_into_one(inner, outer):
+    s = sym("s0")
+    for offset in (0, 1, -1):
+        merged = floordiv(floordiv(s - 1, inner) + offset, outer)
+        assert isinstance(merged, sympy.floor) and not merged.args[0].has(sympy.floor)
+        for n in range(1, 60):
+            assert merged.subs(s, n) == ((n - 1) // inner + offset) // outer
+
+
+def test_two_strided_convolutions_keep_height_and_width_dynamic():
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(),
+                      nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.MaxPool2d(3, 2, 1), nn.Flatten(2)).eval()
+    c = cuvil.compile(m, dynamic=[{2: "h", 3: "w"}], ranges={"h": (16, 64), "w": (16, 64)})
+    for h, w in ((32, 32), (33, 47), (16, 64)):
+        x = torch.randn(1, 3, h, w)
+        torch.testing.assert_close(c(x), m(x))
+    assert c.explain_recompiles() == []
