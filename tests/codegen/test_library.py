@@ -59,7 +59,7 @@ GRAPHS = {
         [T(2, "s0", "s1", 8), T(7, 7, 1, 8), T(8)]) for layout in ("nchw", "nhwc")},
     "large_windows_symbolic_height": Graph(
         "large_windows_symbolic_height", lambda b, x: [
-            b("cuvil.max_pool2d", x, kernel=[9, 9], stride=[2, 2], padding=[4, 4]),
+            b("cuvil.max_pool2d", x, kernel=[9, 9], stride=[2, 2], padding=[4, 4], ceil_mode=True),
             b("cuvil.avg_pool2d", x, kernel=[12, 9], stride=[5, 1], padding=[0, 3], count_include_pad=False)],
         [T(2, 3, "s0", 12)]),
     "pool_3d_input": Graph("pool_3d_input", lambda b, x: b("cuvil.max_pool2d", x, kernel=[2, 2]), [T(3, 8, 8)]),
@@ -150,7 +150,7 @@ def test_pooling(compiled, i):
 def test_large_windows_over_a_symbolic_height(compiled, height):
     x = rand(2, 3, height, 12)
     max_out, avg_out = run(GRAPHS["large_windows_symbolic_height"], compiled, x)
-    torch.testing.assert_close(max_out, F.max_pool2d(x, 9, 2, 4))
+    torch.testing.assert_close(max_out, F.max_pool2d(x, 9, 2, 4, ceil_mode=True))
     torch.testing.assert_close(avg_out, F.avg_pool2d(x, (12, 9), (5, 1), (0, 3), count_include_pad=False))
 
 

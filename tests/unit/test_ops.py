@@ -449,8 +449,14 @@ def test_max_pool2d():
     v = np.pad(x.numpy(), ((0, 0), (0, 0), (0, 1), (0, 0)), constant_values=-np.inf)
     assert types == ["tensor<2x3x4x4xf32>"]
     close(ceil, _windows(v, 2, 2, (2, 2), (1, 1)).max(axis=(4, 5)))
+    for h in (7, 8):    # a symbolic height: ceil((h - 2) / 2) + 1, whose last window always fits
+        x = randn(1, 1, h, 4)
+        types, (ceil,) = run("cuvil.max_pool2d", [x], {"kernel": [2, 2], "ceil_mode": True},
+                             types=[T(F32, 1, 1, s0, 4)])
+        assert types == [str(T(F32, 1, 1, floordiv(s0 - 1, 2) + 1, 2))]
+        close(ceil, torch.nn.functional.max_pool2d(x, 2, ceil_mode=True))
     with pytest.raises(CuvilVerifyError, match="ceil_mode pooling over a symbolic dim"):
-        build("cuvil.max_pool2d", [T(F32, 1, 1, s0, 4)], {"kernel": [2], "ceil_mode": True})
+        build("cuvil.max_pool2d", [T(F32, 1, 1, s0, 4)], {"kernel": [1], "stride": [2], "ceil_mode": True})
 
 
 def test_avg_pool2d():

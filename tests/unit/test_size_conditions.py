@@ -94,3 +94,15 @@ def test_two_strided_convolutions_keep_height_and_width_dynamic():
         x = torch.randn(1, 3, h, w)
         torch.testing.assert_close(c(x), m(x))
     assert c.explain_recompiles() == []
+
+
+def test_ceil_mode_pooling_keeps_height_and_width_dynamic():
+    # a window longer than padding + stride - 1 always starts its last window inside the input,
+    # so ceil_mode's output size is one expression for every size
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(3, 2, ceil_mode=True),
+                      nn.AvgPool2d(2, ceil_mode=True)).eval()
+    c = cuvil.compile(m, dynamic=[{2: "h", 3: "w"}], ranges={"h": (8, 64), "w": (8, 64)})
+    for h, w in ((16, 16), (17, 30), (8, 63)):
+        x = torch.randn(1, 3, h, w)
+        torch.testing.assert_close(c(x), m(x))
+    assert c.explain_recompiles() == []

@@ -141,8 +141,13 @@ def window_out(size: Dim, kernel: int, stride: int, padding: int, dilation: int,
         out = -(-span // stride) + 1
         if (out - 1) * stride >= size + padding:   # the last window must start inside the input
             out -= 1
+    elif dilation * (kernel - 1) + 1 > padding + stride - 1:
+        # the last window always starts inside: (out - 1) * stride < span + stride, which is at
+        # most size + padding when the window is longer than padding + stride - 1
+        out = norm_dim(ceildiv(span, stride) + 1)
     else:
-        raise ValueError(f"ceil_mode pooling over a symbolic dim ({size}) is not supported")
+        raise ValueError(f"ceil_mode pooling over a symbolic dim ({size}) with a window of {kernel} no longer than "
+                         f"padding + stride - 1 is not supported (whether its last window fits depends on the size)")
     if isinstance(out, int) and out <= 0:
         raise ValueError(f"window of {kernel} (dilation {dilation}, padding {padding}) does not fit in {size}")
     return out
