@@ -9,48 +9,9 @@ from __future__ import annotations
 
 import sympy
 
-Bounds = dict
+from ..ir.types import Bounds, bounds
 
-
-def bounds(e, known: Bounds):
-    """Inclusive (lo, hi) of an integer expression, or None when unknown."""
-    e = sympy.sympify(e)
-    if e in known:
-        return known[e]
-    if e.is_Integer:
-        return e, e
-    if e.is_Add:
-        parts = [bounds(t, known) for t in e.args]
-        if any(p is None for p in parts):
-            return None
-        return sympy.Add(*(p[0] for p in parts)), sympy.Add(*(p[1] for p in parts))
-    if e.is_Mul:
-        coeff, rest = e.as_independent(*[s for s in e.free_symbols if s in _bounded_symbols(known)])
-        if coeff == 1:      # a product of bounded factors (s0*s1): of non-negative ones only
-            parts = [bounds(f, known) for f in e.args]
-            if any(p is None or p[0] < 0 for p in parts):
-                return None
-            return sympy.Mul(*(p[0] for p in parts)), sympy.Mul(*(p[1] for p in parts))
-        if rest == 1 or coeff.is_positive is not True and coeff.is_negative is not True:
-            return None
-        b = bounds(rest, known)
-        if b is None:
-            return None
-        lo, hi = coeff * b[0], coeff * b[1]
-        return (lo, hi) if coeff.is_positive else (hi, lo)
-    if isinstance(e, sympy.floor):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
-        b = bounds(num, known)
-        if b is None or den.is_positive is not True:
-            return None
-        return sympy.floor(b[0] / den), sympy.floor(b[1] / den)
-    if isinstance(e, sympy.Mod) and e.args[1].is_positive:
-        return sympy.Integer(0), e.args[1] - 1
-    return None
-
-
-def _bounded_symbols(known: Bounds) -> set:
-    return {k for k in known if isinstance(k, sympy.Symbol)}
+TRANSPOSE_TILE = 8      # a tile of a transposing loop nest: 8 x 8 floats (half a line per row: 16 measured no faster)
 
 
 def _split(num, den):
@@ -115,3 +76,19 @@ def tile_extent(tile: int, total, first):
 
 def index_max(*args):
     return sympy.Max(*args, evaluate=all(sympy.sympify(a).is_number for a in args))
+
+
+def decompose(known: Bounds, flat, shape) -> list:
+    """Indices into `shape` of a flat row-major position (below the product of `shape`, so the
+    first index needs no `% d`; proving such bounds on symbolic extents is slow)."""
+    out, stride = [], sympy.Integer(1)
+    for d in shape:
+        stride = stride * d
+    for k, d in enumerate(shape):
+        stride = stride / d
+        if d == 1:
+            out.append(sympy.Integer(0))
+            continue
+        q = flat if stride == 1 else floor_div(flat, stride, known)
+        out.append(q if k == 0 else modulo(q, d, known))
+    return out

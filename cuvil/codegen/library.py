@@ -31,7 +31,8 @@ from ..ir.core import Operation
 from ..ir.ops.common import pair
 from ..ir.ops.nn import TO_NHWC, spatial_axes
 from ..ir.types import DType, norm_dim
-from .index_math import bounds, broadcast_index, floor_div, index_max, index_min, modulo, tile_extent
+from .index_math import (TRANSPOSE_TILE, bounds, broadcast_index, decompose, floor_div, index_max, index_min,
+                         tile_extent)
 from .kernel_ir import TOPK_DTYPES, Buffer, BufRef, Cast, Const, Gemm, Index, Load, Store, TopK, compute_dtype
 from .scalar_ops import call, cast, const
 
@@ -340,22 +341,6 @@ def _epilogue(lw, region):
     nest(0, [])
 
 
-def _decompose(lw, flat, shape):
-    """Indices into `shape` of a flat row-major position (below the product of `shape`, so the
-    first index needs no `% d`; proving such bounds on symbolic extents is slow)."""
-    out, stride = [], sympy.Integer(1)
-    for d in shape:
-        stride = stride * d
-    for k, d in enumerate(shape):
-        stride = stride / d
-        if d == 1:
-            out.append(sympy.Integer(0))
-            continue
-        q = flat if stride == 1 else floor_div(flat, stride, lw.known)
-        out.append(q if k == 0 else modulo(q, d, lw.known))
-    return out
-
-
 def _column_tiles(n, width: int = COL_TILE) -> tuple[int, object]:
     """(tiles, width) along the output columns: a wide GEMM is cut into tiles of `width` columns
     so that even one row of output (batch 1: a GEMV) splits across threads."""
@@ -375,7 +360,7 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
     col_tiles, width = _column_tiles(n, PANEL_COL_TILE if b_panels else COL_TILE)
 
     def tile(p):
-        t, c = _decompose(lw, p, [row_tiles, col_tiles])
+        t, c = decompose(lw.known, p, [row_tiles, col_tiles])
         count = tile_extent(ROW_TILE, rows, ROW_TILE * t) if row_tiles != 1 else rows
         cols = tile_extent(width, n, width * c) if col_tiles != 1 else n
         first, first_col = ROW_TILE * t, width * c
@@ -386,7 +371,7 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
             return
 
         def row(r):
-            idx = _decompose(lw, first + r, row_shape)
+            idx = decompose(lw.known, first + r, row_shape)
             if has_cols:
                 lw.loop("e1", cols, lambda j: lw.store_outputs(idx + [first_col + j]))
             else:
@@ -446,7 +431,7 @@ def matmul(lw, op):
     packed = _runtime_panels(lw, total, K, N) if _packs_at_run_time(M, N) else None
 
     def entry(q):
-        q_idx = _decompose(lw, q, batch)
+        q_idx = decompose(lw.known, q, batch)
         a_at = BufRef(A, offset(a_shape, q_idx, M * K))
         if packed is None:
             lw.emit(Gemm(BufRef(T, q * M * N), a_at, BufRef(B, offset(b_shape, q_idx, K * N)), M, N, K, K, N, N))
@@ -698,7 +683,6 @@ def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp, layout="nhwc
     pass's conversion (the first convolution of a model), whose columns are contiguous."""
     H, W = (x.type.shape[a] for a in spatial_axes(x.type.rank, layout))
     nchw_memory = not x.is_arg and x.owner.name == "cuvil.permute" and tuple(x.owner.attrs["perm"]) == TO_NHWC
-    order = "rcj" if C < NHWC_MIN_CHANNEL_RUN or nchw_memory else "rjc"
     above = index_min(rows, index_max(0, -top_row))
     below = index_max(above, index_min(rows, H - top_row))           # the first row under the image
     inside = index_min(W, Wp - pw)                                   # columns copied per row
@@ -714,15 +698,28 @@ def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp, layout="nhwc
         lw.loop("t", norm_dim((Wp - pw - inside) * C), zero, start=norm_dim(r * row + (pw + inside) * C))),
         start=above)
 
+    def copy(r, j, c):
+        lw.emit(Store(padded, [q, (r * Wp + j) * C + c], lw.value(x, _image(layout, n, c0 + c, top_row + r, j - pw))))
+
+    def span(name, body):
+        lo, hi = spans[name]
+        lw.loop(name, norm_dim(index_max(0, sympy.sympify(hi) - lo)), body, start=lo)
+
+    if nchw_memory and C >= TRANSPOSE_TILE:
+        # a transpose per row (channels x columns -> columns x channels) in blocks of channels:
+        # each column writes one line of the copy, and the block's input lines stay in L1 (a
+        # whole-channel loop per column, or a column loop per channel, misses on one side)
+        T = TRANSPOSE_TILE
+        span("r", lambda r: lw.loop("ct", -(-C // T), lambda ct: span("j", lambda j: lw.loop(
+            "c", tile_extent(T, C, T * ct), lambda c: copy(r, j, T * ct + c)))))
+        return
+    order = "rcj" if C < NHWC_MIN_CHANNEL_RUN or nchw_memory else "rjc"
+
     def nest(level, at):
         if level == 3:
-            r, j, c = at["r"], at["j"], at["c"]
-            lw.emit(Store(padded, [q, (r * Wp + j) * C + c], lw.value(x, _image(layout, n, c0 + c, top_row + r, j - pw))))
+            copy(at["r"], at["j"], at["c"])
             return
-        name = order[level]
-        lo, hi = spans[name]
-        lw.loop(name, norm_dim(index_max(0, sympy.sympify(hi) - lo)), lambda v: nest(level + 1, {**at, name: v}),
-                start=lo)
+        span(order[level], lambda v: nest(level + 1, {**at, order[level]: v}))
     nest(0, {})
 
 
@@ -751,7 +748,7 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None, epilogue: bo
     oc_g = _conv_weight_dims(op)[0] // groups
 
     def tile(q):
-        n, g, t = _decompose(lw, q, [N, groups, tiles])
+        n, g, t = decompose(lw.known, q, [N, groups, tiles])
         first = tile_rows * t
         count = tile_extent(tile_rows, OH, first) if tiles != 1 else OH
         body(q, n, g, first, count)
@@ -788,10 +785,10 @@ def sdpa(lw, op):
     v_panels = _runtime_panels(lw, n_batch * tiles, S, Ev) if _packs_at_run_time(L, Ev) else None
 
     def tile(p):
-        b, t = _decompose(lw, p, [n_batch, tiles])
+        b, t = decompose(lw.known, p, [n_batch, tiles])
         first = ATTENTION_ROWS * t
         rows = tile_extent(ATTENTION_ROWS, L, first) if tiles != 1 else L
-        batch_idx = _decompose(lw, b, batch)
+        batch_idx = decompose(lw.known, b, batch)
         scores_at, q_at = BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E)
         if k_panels is None:
             lw.emit(Gemm(scores_at, q_at, BufRef(K, b * S * E), rows, S, E, E, E, S, trans_b=True,
@@ -867,7 +864,7 @@ def argtopk(lw, op):
     others = [s for a, s in enumerate(x.type.shape) if a != d]
 
     def row(p):
-        idx = _decompose(lw, p, others)
+        idx = decompose(lw.known, p, others)
         first = idx[:d] + [0] + idx[d:]
         lw.emit(TopK(BufRef(T, T.offset(first)[0]), BufRef(X, X.offset(first)[0]), n, X.element_strides()[d], k,
                      T.element_strides()[d], largest=op.attrs["largest"]))
@@ -918,7 +915,7 @@ def scan(lw, op):
     others = [s for a, s in enumerate(x.type.shape) if a != d]
 
     def row(p):
-        idx = _decompose(lw, p, others)
+        idx = decompose(lw.known, p, others)
 
         def at(i):
             return idx[:d] + [i] + idx[d:]

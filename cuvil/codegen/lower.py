@@ -36,7 +36,8 @@ from ..ir.core import Function, Operation, Value
 from ..ir.ops.common import is_one
 from ..ir.types import DType, dim_str, dims_equal, norm_dim
 from . import scalar_ops
-from .index_math import Bounds, broadcast_index, floor_div, index_max, index_min, modulo
+from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, floor_div, index_max, index_min,
+                         modulo, tile_extent)
 from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .scalar_ops import call, cast, const
@@ -751,11 +752,10 @@ class GroupLowering:
         return LoweredKernel(self.ops, kernel, self.values)
 
     def iterate(self, shape, body: Callable[[list], None], outer_only: bool = False, parallel: bool = True,
-                prefix: str = "", order: list[int] | None = None) -> None:
+                prefix: str = "") -> None:
         """Loops over `shape`: the dims before the last flattened into one parallel loop, the last dim
         an inner loop (`outer_only`: all dims flattened, no inner loop). body(idx) runs innermost.
-        `prefix` names the loop variables apart from those of another nest in the same kernel.
-        `order`: the flattened dims from slowest to fastest (default: in order)."""
+        `prefix` names the loop variables apart from those of another nest in the same kernel."""
         shape = list(shape)
         if _is_empty(shape):
             return      # no iterations (and no strides to divide by)
@@ -773,7 +773,7 @@ class GroupLowering:
 
         def outer(p):
             idx, stride = [None] * len(flat), total
-            for pos in order or range(len(flat)):
+            for pos in range(len(flat)):
                 d = flat[pos]
                 stride = stride / d
                 e = modulo(floor_div(p, stride, self.known), d, self.known)
@@ -802,7 +802,12 @@ class GroupLowering:
             else:
                 same.add(id(v))
         if len(nests) == 1:
-            self.iterate(nests[0][0], self.store_outputs, order=self._transpose_order(nests[0][0]))
+            shape = nests[0][0]
+            gathered = self._gathered_axis(shape)
+            if gathered is None:
+                self.iterate(shape, self.store_outputs)
+            else:
+                self._iterate_transposed(shape, gathered, self.store_outputs)
             return
         # outputs of different shapes (the pieces of a split): a loop nest each, all serial, because
         # the runtime splits only one parallel loop of a kernel across threads
@@ -810,18 +815,50 @@ class GroupLowering:
             self.iterate(shape, lambda idx, ids=ids: self.store_outputs(idx, lambda v: id(v) in ids),
                          parallel=False, prefix=f"n{k}")
 
-    def _transpose_order(self, shape) -> list[int] | None:
-        """When the group reads an input through a permute that moves its contiguous last dim away
-        from the last (an NHWC -> NCHW conversion: the inner loop gathers, C floats apart), the
-        outer dims go fastest where that input is densest: the lines one inner loop gathers are
-        read again by the next ones, from L1, instead of once per image-sized sweep."""
+    def _gathered_axis(self, shape) -> int | None:
+        """The output dim that the group's inputs are contiguous along, when it reads them through a
+        permute that moves their last dim away from the last (an NHWC -> NCHW conversion, a
+        transpose; of an input or of elementwise ops on inputs, which are computed at the permuted
+        index): the output's rows then gather those inputs."""
         rank = len(shape)
         for op in self.ops:
-            if op.name == "cuvil.permute" and self._is_source(op.operands[0]) and op.result.type.rank == rank:
+            if op.name == "cuvil.permute" and op.result.type.rank == rank:
                 perm = list(op.attrs["perm"])
                 if perm[-1] != rank - 1:
-                    return sorted(range(rank - 1), key=lambda k: perm[k])
+                    return perm.index(rank - 1)
         return None
+
+    def _iterate_transposed(self, shape, a: int, body: Callable[[list], None]) -> None:
+        """Loops over `shape` in tiles of TRANSPOSE_TILE x TRANSPOSE_TILE of (dim `a`, last dim),
+        the parallel loop over the other dims and the tiles of `a`. Row by row a tile writes a run
+        of the output and reads a line of the gathered input per column: the lines one row reads
+        are read again by the rows after it, from L1, and each output line is finished before it
+        leaves the cache (a plain loop order keeps one side's lines for a whole sweep of the tensor:
+        a [1024, 1024] transpose ran 3.5x, an NHWC -> NCHW conversion of 56x56x96 3x the time).
+        Rows shorter than a tile (an HWC image of 3 channels) take dim `a` whole: its loop then
+        reads each line in turn."""
+        rank = len(shape)
+        others = [k for k in range(rank - 1) if k != a]
+        A, B = shape[a], shape[-1]
+        T = TRANSPOSE_TILE
+        tiled = not (isinstance(B, int) and B < T)
+        a_tiles = norm_dim(sympy.ceiling(sympy.sympify(A) / T)) if tiled else 1
+        total = sympy.Integer(1)
+        for d in [shape[k] for k in others] + [a_tiles]:
+            total = total * d
+
+        def tile(p):
+            *outer, ta = decompose(self.known, p, [shape[k] for k in others] + [a_tiles])
+
+            def rows(tb):
+                self.loop("ia", tile_extent(T, A, T * ta) if tiled else A, lambda i: self.loop(
+                    "ib", tile_extent(T, B, T * tb) if tiled else B,
+                    lambda j: body(_place(rank, others, outer, a, T * ta + i, T * tb + j))))
+            if tiled:
+                self.loop("tb", norm_dim(sympy.ceiling(sympy.sympify(B) / T)), rows)
+            else:
+                rows(0)
+        self.loop("p", norm_dim(total), tile, parallel=True)
 
     def _lower_reductions(self, reductions: list[Operation]) -> None:
         full, axes = reduction_space(reductions[0])
@@ -874,6 +911,15 @@ class GroupLowering:
                 var, extent = ranges[level]
                 self.loop(var, extent, lambda j: nest(level + 1, inner + [j]))
             nest(0, [])
+
+
+def _place(rank: int, others: list[int], outer: list, a: int, at_a, at_last) -> list:
+    """A full index of `rank` dims from the values of dims `others`, dim `a` and the last dim."""
+    idx = [None] * rank
+    for k, v in zip(others, outer):
+        idx[k] = v
+    idx[a], idx[-1] = at_a, at_last
+    return idx
 
 
 def _is_empty(shape) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 import torch
 
 from ..errors import CuvilVerifyError
-from .types import DType, TensorType
+from .types import DType, TensorType, symbol_ranges
 
 
 # ----------------------------------------------------------------------------- locations
@@ -320,7 +320,8 @@ class Builder:
         attrs = opdef.full_attrs(attrs or {})
         if result_types is None:
             try:
-                result_types = opdef.infer([v.type for v in operands], semantic_attrs(attrs))
+                with symbol_ranges(self.fn.symbols):
+                    result_types = opdef.infer([v.type for v in operands], semantic_attrs(attrs))
             except ValueError as e:
                 raise CuvilVerifyError(f"{opdef.name}: {e}") from None
         op = Operation(opdef, operands, result_types, attrs, loc)

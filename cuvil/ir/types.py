@@ -5,6 +5,8 @@ symbols (`s0`, `s1`, ...). Ranges of the symbols live on the function (`symbols 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import functools
 import re
@@ -184,6 +186,73 @@ def _symbolic_dims_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
         if value.is_Number and value != 0:
             return False
     return sympy.simplify(diff) == 0
+
+
+Bounds = dict      # expression (a symbol, a loop variable) -> its inclusive (lo, hi)
+
+
+def bounds(e, known: Bounds):
+    """Inclusive (lo, hi) of an integer expression, or None when unknown."""
+    e = sympy.sympify(e)
+    if e in known:
+        return known[e]
+    if e.is_Integer:
+        return e, e
+    if e.is_Add:
+        parts = [bounds(t, known) for t in e.args]
+        if any(p is None for p in parts):
+            return None
+        return sympy.Add(*(p[0] for p in parts)), sympy.Add(*(p[1] for p in parts))
+    if e.is_Mul:
+        coeff, rest = e.as_independent(*[s for s in e.free_symbols if s in _bounded_symbols(known)])
+        if coeff == 1:      # a product of bounded factors (s0*s1): of non-negative ones only
+            parts = [bounds(f, known) for f in e.args]
+            if any(p is None or p[0] < 0 for p in parts):
+                return None
+            return sympy.Mul(*(p[0] for p in parts)), sympy.Mul(*(p[1] for p in parts))
+        if rest == 1 or coeff.is_positive is not True and coeff.is_negative is not True:
+            return None
+        b = bounds(rest, known)
+        if b is None:
+            return None
+        lo, hi = coeff * b[0], coeff * b[1]
+        return (lo, hi) if coeff.is_positive else (hi, lo)
+    if isinstance(e, sympy.floor):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        b = bounds(num, known)
+        if b is None or den.is_positive is not True:
+            return None
+        return sympy.floor(b[0] / den), sympy.floor(b[1] / den)
+    if isinstance(e, sympy.Mod) and e.args[1].is_positive:
+        return sympy.Integer(0), e.args[1] - 1
+    return None
+
+
+def _bounded_symbols(known: Bounds) -> set:
+    return {k for k in known if isinstance(k, sympy.Symbol)}
+
+
+_RANGES: contextvars.ContextVar[dict[str, tuple[int, int]]] = contextvars.ContextVar("symbol_ranges", default={})
+
+
+@contextlib.contextmanager
+def symbol_ranges(ranges: dict[str, tuple[int, int]]):
+    """The ranges of the function's symbols, in effect while its ops' types are inferred."""
+    token = _RANGES.set(ranges)
+    try:
+        yield
+    finally:
+        _RANGES.reset(token)
+
+
+def equal_over_ranges(a: Dim, b: Dim) -> bool:
+    """Whether dims (or element counts) `a` and `b` are equal for every value of their symbols in
+    the ranges in effect: a ceil_mode pool's `1 + (s0 - 32)//20480` is 1 for s0 in [32, 640]."""
+    if dims_equal(a, b):
+        return True
+    ranges = _RANGES.get()
+    span = bounds(sympy.sympify(a) - sympy.sympify(b), {sym(name): r for name, r in ranges.items()}) if ranges else None
+    return span is not None and span[0] == span[1] == 0
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import sympy
 from ..errors import CuvilVerifyError
 from .core import Attr, Function, Module, Operation, is_discardable, lookup_op
 from .printer import attr_value_str
-from .types import DType, TensorType, dims_equal, symbols_of
+from .types import DType, TensorType, dims_equal, symbol_ranges, symbols_of
 
 
 def verify(module: Module) -> None:
@@ -165,7 +165,8 @@ def _check_op(op: Operation, fn: Function, module: Module, declared: set[str]) -
         _check_symbols(r.type, declared, fn, op, f"result {i}")
     if not opdef.explicit_result_types:
         try:
-            inferred = opdef.infer([v.type for v in op.operands], op.semantic_attrs)
+            with symbol_ranges(fn.symbols):
+                inferred = opdef.infer([v.type for v in op.operands], op.semantic_attrs)
         except ValueError as e:
             raise CuvilVerifyError(f"{op.name}: {e}", op) from None
         actual = [r.type for r in op.results]

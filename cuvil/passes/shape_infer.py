@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import CuvilVerifyError
 from ..ir.core import Module, Operation
-from ..ir.types import TensorType
+from ..ir.types import TensorType, symbol_ranges
 from .base import ModulePass
 from .registry import register_pass
 
@@ -22,7 +22,8 @@ class ShapeInferPass(ModulePass):
         ops = changed = 0
         for fn in module.functions.values():
             for op in fn.ops:
-                types = None if _has_explicit_types(op) else _infer(op)
+                with symbol_ranges(fn.symbols):
+                    types = None if _has_explicit_types(op) else _infer(op)
                 if types is None:
                     continue
                 ops += 1

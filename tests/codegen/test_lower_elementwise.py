@@ -215,16 +215,32 @@ def test_grouping_fuses_chains_and_splits_shared_values():
     torch.testing.assert_close(lin, F.gelu(F.linear(torch.exp(h * h), w)))
 
 
-def test_a_transposing_permute_walks_the_channels_fastest(compiled):
-    # the inner loop gathers the NHWC input 12 floats apart; the outer loop steps the channel
-    # fastest, so the next inner loops read the same lines again
+def test_a_transposing_permute_runs_in_tiles(compiled):
+    # rows of 7 (shorter than a tile): the channels whole per (image, row), one line read in turn
     (kernel,) = GRAPHS["to_nchw"].kernels
     text = print_kernel(kernel)
-    assert "%a0[p//60, (p//12) % 5, i3, p % 12]" in text, text
+    assert "%a0[p//5, p % 5, ib, ia]" in text and "tb" not in text, text
     for n, split in ((1, 1), (3, 2), (2, 7)):
         x, y = rand(n, 5, 7, 12), rand(n, 12, 5, 7, seed=1)
         torch.testing.assert_close(run(GRAPHS["to_nchw"], compiled, x, y, split=split), x.permute(0, 3, 1, 2) + y,
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows, cols", [(20, 12), (8, 16), (3, 5), (17, 9)])
+def test_transposes_in_tiles_with_partial_edges(rows, cols):
+    # 8 x 8 tiles of (the gathered dim, the last dim), the edge tiles partial; a symbolic matrix,
+    # an NHWC -> NCHW conversion with an operand in output order, and a permute of computed values
+    g2 = Graph("t2", lambda b, x: b("cuvil.relu", b("cuvil.permute", x, perm=[1, 0])), [T("s0", "s1")])
+    g4 = Graph("t4", lambda b, x, y: b("cuvil.mul", b("cuvil.permute", b("cuvil.neg", x), perm=[0, 3, 1, 2]), y),
+               [T("s0", 5, cols, rows), T("s0", rows, 5, cols)])
+    text = print_kernel(g2.kernels[0])
+    assert "for tb in 0..cdiv(s0, 8)" in text and "%y0[ia + 8*p, ib + 8*tb] = select(lt(%a0[ib + 8*tb, ia + 8*p]" in text, text
+    compiled = compile_graphs([g2, g4])
+    x = rand(rows, cols)
+    torch.testing.assert_close(run(g2, compiled, x), torch.relu(x.t()), rtol=0, atol=0)
+    for n, split in ((1, 1), (2, 3)):
+        x, y = rand(n, 5, cols, rows, seed=2), rand(n, rows, 5, cols, seed=3)
+        torch.testing.assert_close(run(g4, compiled, x, y, split=split), -x.permute(0, 3, 1, 2) * y, rtol=0, atol=0)
 
 
 def test_views_are_recomputed_in_each_consumer():

@@ -106,6 +106,21 @@ def test_a_resnet_with_dynamic_height_and_width():
     assert c.explain_recompiles() == []
 
 
+def test_efficientnet_with_dynamic_height_and_width():
+    # its pooler's 640x640 window (ceil_mode) gives a 1x1 map at every size of the range: a size
+    # expression the ranges pin to 1, which the verifier checks over the ranges
+    model = randomize(transformers.EfficientNetModel(transformers.EfficientNetConfig(
+        image_size=128, width_coefficient=0.5, depth_coefficient=0.5, hidden_dim=640)))
+    c = cuvil.compile(model, dynamic=[{2: "h", 3: "w"}], ranges={"h": (64, 160), "w": (64, 160)})
+    g = torch.Generator().manual_seed(7)
+    for h, w in ((128, 128), (97, 150)):
+        x = torch.randn(1, 3, h, w, generator=g)
+        out = c(x)
+        assert_close_to_fp64(model, out[0], x)
+        assert_close_to_fp64(model, out[1], x, pick=lambda o: o[1])
+    assert c.explain_recompiles() == []
+
+
 @pytest.mark.parametrize("name", ["efficientnet", "convnext", "mobilenet_v2"])
 def test_depthwise_convolution_models(name):
     # EfficientNet pools its 4x4 map with a 640x640 window; all three are built on depthwise convolutions

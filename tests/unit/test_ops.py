@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from cuvil.errors import CuvilVerifyError
-from cuvil.ir import Builder, DType, Function, Module, TensorType, interpret, sym, verify
+from cuvil.errors import CuvilParseError, CuvilVerifyError
+from cuvil.ir import Builder, DType, Function, Module, TensorType, interpret, parse, sym, verify
 from cuvil.ir.core import OP_REGISTRY
 from cuvil.ir.ops import builtin_ops, ops_with_tag
 from cuvil.ir.types import floordiv
@@ -623,6 +623,20 @@ def test_reshape():
         build("cuvil.reshape", [T(F32, s0, 3)], {"shape": [2, -1]})
     with pytest.raises(CuvilVerifyError, match=r"\(12 elements\)"):
         build("cuvil.reshape", [T(F32, 3, 4)], {"shape": [5, 2]})
+
+
+PINNED = """cuvil.func @f(%x: tensor<1x4x(1 + ((-4 + s0)//256))xf32>) -> tensor<1x4xf32> attributes {symbols = {s0 = [8, HI]}} {
+  %0 = cuvil.reshape %x {shape = [1, 4]} : tensor<1x4x(1 + ((-4 + s0)//256))xf32> -> tensor<1x4xf32>
+  cuvil.return %0 : tensor<1x4xf32>
+}
+"""
+
+
+def test_a_reshape_may_drop_a_size_that_the_ranges_pin_to_one():
+    # a ceil_mode pool's output size is 1 for s0 <= 259: the element counts agree over the range
+    verify(parse(PINNED.replace("HI", "259")))
+    with pytest.raises(CuvilParseError, match=r"2:8: error: cuvil.reshape: cannot reshape .* to \[1, 4\]"):
+        parse(PINNED.replace("HI", "260"))     # s0 = 260 makes it 2
 
 
 def test_permute():

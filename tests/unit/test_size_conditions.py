@@ -106,3 +106,23 @@ def test_ceil_mode_pooling_keeps_height_and_width_dynamic():
         x = torch.randn(1, 3, h, w)
         torch.testing.assert_close(c(x), m(x))
     assert c.explain_recompiles() == []
+
+
+def test_a_global_pool_window_pins_its_output_to_one_over_the_ranges():
+    # EfficientNet's pooler: a window larger than the feature map, ceil_mode, then a linear. Its
+    # output size, 1 + (h//4 - 64)//64, is 1 over the ranges; the importer reshapes it to the 1
+    # torch.export has, and the verifier checks that reshape's element counts over the ranges
+    class Pooler(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.pool, self.fc = nn.Conv2d(3, 16, 4, stride=4), nn.AvgPool2d(64, ceil_mode=True), nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.fc(self.pool(self.conv(x)).flatten(1))
+
+    m = Pooler().eval()
+    c = cuvil.compile(m, dynamic=[{2: "h", 3: "w"}], ranges={"h": (8, 256), "w": (8, 256)})
+    for h, w in ((40, 48), (64, 100), (252, 8)):
+        x = torch.randn(1, 3, h, w)
+        torch.testing.assert_close(c(x), m(x))
+    assert c.explain_recompiles() == []

@@ -6,7 +6,7 @@ import sympy
 import torch
 
 from ..core import OpDef, optional, register_op, required
-from ..types import Dim, DType, TensorType, dims_equal, floordiv, norm_dim
+from ..types import Dim, DType, TensorType, dims_equal, equal_over_ranges, floordiv, norm_dim
 from .common import (broadcast_shapes, ceildiv, check_axes, check_axis, dims, is_one, product, promote,
                      require_integer, shape_str, types_str)
 
@@ -44,7 +44,7 @@ class ReshapeOp(OpDef):
             if missing.is_integer is not True:
                 raise ValueError(f"cannot reshape {x} to {shape_str(shape)}: {total} is not a multiple of {known}")
             shape[holes[0]] = norm_dim(missing)
-        elif not dims_equal(product(shape), total):
+        elif not equal_over_ranges(product(shape), total):
             raise ValueError(f"cannot reshape {x} ({total} elements) to {shape_str(shape)}")
         return [x.with_shape(shape)]
 
