@@ -370,12 +370,20 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
         if in_registers is not None:
             return
 
-        def row(r):
+        def row(r, col_start=0, col_count=cols):
             idx = decompose(lw.known, first + r, row_shape)
             if has_cols:
-                lw.loop("e1", cols, lambda j: lw.store_outputs(idx + [first_col + j]))
+                lw.loop("e1", col_count, lambda j: lw.store_outputs(idx + [first_col + col_start + j]))
             else:
                 lw.store_outputs(idx)
+        if has_cols and lw.gathered_axis(len(row_shape) + 1) is not None:
+            # an operand read through a transposing permute (a residual in NCHW after an NHWC
+            # linear) is contiguous along the rows: blocks of TRANSPOSE_TILE columns, each over
+            # every row, read a few lines of it at a time, and the tile's block of C stays in L2
+            W = TRANSPOSE_TILE
+            lw.loop("e1t", norm_dim(sympy.ceiling(sympy.sympify(cols) / W)), lambda t: lw.loop(
+                "e0", count, lambda r: row(r, W * t, tile_extent(W, cols, W * t))))
+            return
         lw.loop("e0", count, row)
     lw.loop("p", norm_dim(row_tiles * col_tiles), tile, parallel=True)
 

@@ -317,6 +317,9 @@ class KernelEmitter:
             if _latency_bound(s.body):
                 props.append(("llvm.loop.interleave.count", LATENCY_INTERLEAVE))
             latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, *props))
+        elif s.parallel and _innermost(s) and _latency_bound(s.body):    # a 1-d elementwise kernel
+            latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.interleave.count",
+                                                                           LATENCY_INTERLEAVE)))
 
     def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> ir.Instruction:
         """for var in lo..hi: body(); returns the back-edge branch (for loop metadata)."""
@@ -944,14 +947,17 @@ def _latency_bound(stmts) -> bool:
     return any(isinstance(s, (Let, Store)) and walk(s.value) for s in stmts)
 
 
+def _innermost(s: Loop) -> bool:
+    return not any(isinstance(t, (Loop, Reduce, Gemm, TopK)) for t in s.body)
+
+
 def _vector_loop(s: Loop) -> bool:
     """An innermost loop of at least one vector's worth of iterations, known at compile time: the
     lowering puts the contiguous dim there, so it is the loop to vectorise. LLVM would first unroll
     it fully when it is short (a conv epilogue's 32 columns) and then vectorise the loop around it,
     whose accesses are strided: gathers and scatters (measured: 64 of each in the CNN stem conv)."""
     extent = sympy.sympify(s.extent)
-    return (not s.parallel and extent.is_Integer and int(extent) >= VECTOR_FLOATS
-            and not any(isinstance(t, (Loop, Reduce, Gemm, TopK)) for t in s.body))
+    return not s.parallel and extent.is_Integer and int(extent) >= VECTOR_FLOATS and _innermost(s)
 
 
 def _static_at_most(loops, n: int) -> bool:

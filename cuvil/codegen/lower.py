@@ -803,7 +803,7 @@ class GroupLowering:
                 same.add(id(v))
         if len(nests) == 1:
             shape = nests[0][0]
-            gathered = self._gathered_axis(shape)
+            gathered = self.gathered_axis(len(shape))
             if gathered is None:
                 self.iterate(shape, self.store_outputs)
             else:
@@ -815,12 +815,11 @@ class GroupLowering:
             self.iterate(shape, lambda idx, ids=ids: self.store_outputs(idx, lambda v: id(v) in ids),
                          parallel=False, prefix=f"n{k}")
 
-    def _gathered_axis(self, shape) -> int | None:
+    def gathered_axis(self, rank: int) -> int | None:
         """The output dim that the group's inputs are contiguous along, when it reads them through a
         permute that moves their last dim away from the last (an NHWC -> NCHW conversion, a
         transpose; of an input or of elementwise ops on inputs, which are computed at the permuted
         index): the output's rows then gather those inputs."""
-        rank = len(shape)
         for op in self.ops:
             if op.name == "cuvil.permute" and op.result.type.rank == rank:
                 perm = list(op.attrs["perm"])

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cuvil.codegen.kernel_text import print_kernel
 from cuvil.codegen.library import conv_algorithm
 from cuvil.ir import DType
 
@@ -192,3 +193,19 @@ def test_scaled_dot_product_attention():
         attrs = {"is_causal": True, "scale": 0.3} if name == "causal" else {}
         ref = F.scaled_dot_product_attention(*args[:3], attn_mask=args[3] if len(args) > 3 else None, **attrs)
         torch.testing.assert_close(run(graphs[name], compiled, *args, split=2), ref, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_linear_epilogue_with_a_transposed_residual_runs_in_column_blocks():
+    # ConvNeXt: an NHWC linear whose epilogue adds the NCHW block input, read through a permute
+    # that is contiguous along the linear's rows: the epilogue takes 8 columns over every row
+    def build(b, x, r, w, bias):
+        y = b("cuvil.linear", x, w, bias)
+        return b("cuvil.add", y, b("cuvil.permute", r, perm=[0, 2, 3, 1]))
+    g = Graph("residual", build, [T("s0", 5, 7, 12), T("s0", 20, 5, 7), T(20, 12), T(20)])
+    (kernel,) = g.kernels
+    text = print_kernel(kernel)
+    assert "for e1t in 0..3" in text and "for e1 in 0..min(8, -8*e1t + 20)" in text, text
+    compiled = compile_graphs([g])
+    for n in (1, 3):
+        x, r, w, bias = torch.randn(n, 5, 7, 12), torch.randn(n, 20, 5, 7), torch.randn(20, 12), torch.randn(20)
+        torch.testing.assert_close(run(g, compiled, x, r, w, bias), F.linear(x, w, bias) + r.permute(0, 2, 3, 1))
