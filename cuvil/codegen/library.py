@@ -787,10 +787,12 @@ def sdpa(lw, op):
     tiles = norm_dim(sympy.ceiling(sympy.sympify(L) / ATTENTION_ROWS))
     n_batch = norm_dim(sympy.Mul(*batch))
     scores = lw.scratch(DType.f32, [norm_dim(n_batch * tiles), ATTENTION_ROWS, S])
-    Q, K, V = (lw.inputs[id(x)] for x in (q, k, v))
-    # K^T and V packed in panels per tile (the panel GEMM: no alpha, the scale goes into the logits)
-    k_panels = _runtime_panels(lw, n_batch * tiles, E, S) if _packs_at_run_time(L, S) else None
-    v_panels = _runtime_panels(lw, n_batch * tiles, S, Ev) if _packs_at_run_time(L, Ev) else None
+    Q = lw.inputs[id(q)]
+    # K^T and V packed in panels per tile (the panel GEMM: no alpha, the scale goes into the logits),
+    # read through the views in front of them; else read by the GEMM from memory
+    packed = _packs_keys_and_values(op)
+    k_panels = _runtime_panels(lw, n_batch * tiles, E, S) if packed else None
+    v_panels = _runtime_panels(lw, n_batch * tiles, S, Ev) if packed else None
 
     def tile(p):
         b, t = decompose(lw.known, p, [n_batch, tiles])
@@ -799,10 +801,10 @@ def sdpa(lw, op):
         batch_idx = decompose(lw.known, b, batch)
         scores_at, q_at = BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E)
         if k_panels is None:
-            lw.emit(Gemm(scores_at, q_at, BufRef(K, b * S * E), rows, S, E, E, E, S, trans_b=True,
+            lw.emit(Gemm(scores_at, q_at, BufRef(lw.inputs[id(k)], b * S * E), rows, S, E, E, E, S, trans_b=True,
                          alpha=1.0 if scale is None else scale))
         else:
-            kt = _pack(lw, k_panels, p, lambda e, j: Load(K, batch_idx + [j, e]), E, S)
+            kt = _pack(lw, k_panels, p, lambda e, j: lw.value(k, batch_idx + [j, e]), E, S)
             lw.emit(Gemm(scores_at, q_at, kt, rows, S, E, E, 0, S, b_panels=RUNTIME_PANEL))
 
         def row(r):
@@ -844,9 +846,9 @@ def sdpa(lw, op):
         lw.loop("r", rows, row)
         out_at = BufRef(T, (b * L + first) * Ev)
         if v_panels is None:
-            lw.emit(Gemm(out_at, scores_at, BufRef(V, b * S * Ev), rows, Ev, S, S, Ev, Ev))
+            lw.emit(Gemm(out_at, scores_at, BufRef(lw.inputs[id(v)], b * S * Ev), rows, Ev, S, S, Ev, Ev))
         else:
-            vp = _pack(lw, v_panels, p, lambda s, j: Load(V, batch_idx + [s, j]), S, Ev)
+            vp = _pack(lw, v_panels, p, lambda s, j: lw.value(v, batch_idx + [s, j]), S, Ev)
             lw.emit(Gemm(out_at, scores_at, vp, rows, Ev, S, S, 0, Ev, b_panels=RUNTIME_PANEL))
         _epilogue(lw, [(i, 1) for i in batch_idx] + [(first, rows), (0, Ev)])
     lw.loop("p", norm_dim(n_batch * tiles), tile, parallel=True)
@@ -957,13 +959,24 @@ LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2
 
 def gathered_operands(op: Operation) -> list:
     """The operands of a GEMM-based op that are views it can read through: an im2col convolution
-    gathers its input element by element (not through BLAS), so a permute or reshape in front of it
-    costs nothing. Computed producers stay out: the gather reads each element kh*kw times."""
-    x = op.operands[0]
-    if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit", "depthwise") and not x.is_arg \
-            and x.owner.has_tag("view"):
-        return [x]
-    return []
+    gathers its input element by element (not through BLAS), and attention packs its keys and
+    values into panels element by element, so a permute, reshape or split in front of them costs
+    nothing (attention's heads of a joint QKV projection). Computed producers stay out: the gather
+    reads each element kh*kw times, the packing once per tile of query rows."""
+    if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit", "depthwise"):
+        candidates = [op.operands[0]]
+    elif op.name == "cuvil.sdpa" and _packs_keys_and_values(op):
+        candidates = list(op.operands[1:3])
+    else:
+        return []
+    return [x for x in candidates if not x.is_arg and x.owner.has_tag("view")]
+
+
+def _packs_keys_and_values(op: Operation) -> bool:
+    """Whether attention packs K^T and V in panels per tile (static sizes, enough query rows)."""
+    q, k, v = op.operands[:3]
+    L, S, Ev = q.type.shape[-2], k.type.shape[-2], v.type.shape[-1]
+    return _packs_at_run_time(L, S) and _packs_at_run_time(L, Ev)
 
 
 def classify(op: Operation) -> str | None:

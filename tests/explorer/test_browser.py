@@ -208,11 +208,13 @@ def visible(out, css: str):
 def check_pipeline_panel(page, out, name: str) -> None:
     """Step to O3's layout pass: the CNN's convolutions turn NHWC, BERT-small's linears get packed weights."""
     out.get_by_role("tab", name="Pipeline").click()
-    position = visible(out, ".widget-html-content").filter(has_text=" / 11")
-    expect(position).to_contain_text("1 / 11: verify")
-    for _ in range(4):
+    passes = [p.name for p in cuvil.Pipeline.of("O3")]
+    n, layout = len(passes), passes.index("layout") + 1
+    position = visible(out, ".widget-html-content").filter(has_text=f" / {n}")
+    expect(position).to_contain_text(f"1 / {n}: verify")
+    for _ in range(layout - 1):
         out.get_by_role("button", name="next ▶").click()
-    expect(position).to_contain_text("5 / 11: layout")
+    expect(position).to_contain_text(f"{layout} / {n}: layout")
     added = visible(out, "td.cv-add").filter(has_text='layout = "nhwc"' if name == "cnn" else "out_features")
     expect(added.first).to_be_visible()
     page.screenshot(path=str(SHOTS / f"{name}-pipeline-layout.png"))
