@@ -787,19 +787,26 @@ def sdpa(lw, op):
     tiles = norm_dim(sympy.ceiling(sympy.sympify(L) / ATTENTION_ROWS))
     n_batch = norm_dim(sympy.Mul(*batch))
     scores = lw.scratch(DType.f32, [norm_dim(n_batch * tiles), ATTENTION_ROWS, S])
-    Q = lw.inputs[id(q)]
     # K^T and V packed in panels per tile (the panel GEMM: no alpha, the scale goes into the logits),
-    # read through the views in front of them; else read by the GEMM from memory
+    # read through the views in front of them; else read by the GEMM from memory. Queries behind
+    # views are copied a tile at a time, as the first GEMM's A.
     packed = _packs_keys_and_values(op)
     k_panels = _runtime_panels(lw, n_batch * tiles, E, S) if packed else None
     v_panels = _runtime_panels(lw, n_batch * tiles, S, Ev) if packed else None
+    q_rows = None if id(q) in lw.inputs else lw.scratch(DType.f32, [norm_dim(n_batch * tiles), ATTENTION_ROWS * E])
 
     def tile(p):
         b, t = decompose(lw.known, p, [n_batch, tiles])
         first = ATTENTION_ROWS * t
         rows = tile_extent(ATTENTION_ROWS, L, first) if tiles != 1 else L
         batch_idx = decompose(lw.known, b, batch)
-        scores_at, q_at = BufRef(scores, p * ATTENTION_ROWS * S), BufRef(Q, (b * L + first) * E)
+        scores_at = BufRef(scores, p * ATTENTION_ROWS * S)
+        if q_rows is None:
+            q_at = BufRef(lw.inputs[id(q)], (b * L + first) * E)
+        else:
+            lw.loop("r", rows, lambda r: lw.loop("e", E, lambda e: lw.emit(
+                Store(q_rows, [p, r * E + e], lw.value(q, batch_idx + [first + r, e])))))
+            q_at = BufRef(q_rows, p * ATTENTION_ROWS * E)
         if k_panels is None:
             lw.emit(Gemm(scores_at, q_at, BufRef(lw.inputs[id(k)], b * S * E), rows, S, E, E, E, S, trans_b=True,
                          alpha=1.0 if scale is None else scale))
@@ -959,14 +966,15 @@ LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2
 
 def gathered_operands(op: Operation) -> list:
     """The operands of a GEMM-based op that are views it can read through: an im2col convolution
-    gathers its input element by element (not through BLAS), and attention packs its keys and
-    values into panels element by element, so a permute, reshape or split in front of them costs
-    nothing (attention's heads of a joint QKV projection). Computed producers stay out: the gather
-    reads each element kh*kw times, the packing once per tile of query rows."""
+    gathers its input element by element (not through BLAS), and attention copies its tile of
+    queries and packs its keys and values into panels element by element, so a permute, reshape or
+    split in front of them costs nothing (attention's heads of a joint QKV projection). Computed
+    producers stay out: the gather reads each element kh*kw times, the packing once per tile of
+    query rows."""
     if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit", "depthwise"):
         candidates = [op.operands[0]]
     elif op.name == "cuvil.sdpa" and _packs_keys_and_values(op):
-        candidates = list(op.operands[1:3])
+        candidates = list(op.operands[:3])
     else:
         return []
     return [x for x in candidates if not x.is_arg and x.owner.has_tag("view")]
