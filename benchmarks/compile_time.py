@@ -71,15 +71,25 @@ def measure(case_name: str, stage: str, folder: str) -> dict:
         store = next((p for p in compiled.report.phases if p["name"] == "model_cache_store"), {})
         return {"cold_s": cold, "load_s": median(loads), "load_first_call_s": median(first_calls),
                 "saved_bytes": path.stat().st_size, "same_outputs": _same(out, expected),
-                "model_cache_store": store.get("error", "stored" if store else "not stored")}
+                "model_cache_store": store.get("error", "stored" if store else "not stored"),
+                "model_cache_entries": _entries()}
     expected = torch.load(outputs)
     cached, from_models = _compile(built.model, built.inputs)
     hit = cached.from_model_cache
+    # after a miss the compile stores its own entry: a second file means the call's key differed,
+    # the same file rewritten that the entry did not load or did not accept the call
+    entries = _entries()
     objects, from_objects = _compile(built.model, built.inputs, cache="objects")
     phases = {p["name"]: p["time_s"] for p in objects.report.phases}
     return {"model_cache_s": from_models, "model_cache_hit": hit,
             "model_cache_same_outputs": _same(cached(*built.inputs), expected),
-            "cache_s": from_objects, "cache_import_s": phases.get("import", 0.0)}
+            "model_cache_entries": entries, "cache_s": from_objects, "cache_import_s": phases.get("import", 0.0)}
+
+
+def _entries() -> list[str]:
+    """The compiled-model cache's entries (file names), the most recently written first."""
+    from cuvil import model_cache
+    return [e.path.name for e in model_cache.entries()]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -184,7 +184,9 @@ def test_compile_time_measures_saved_and_cached_models_that_compute_the_same(tmp
     assert row["same_outputs"] is True          # the loaded model's outputs equal the compiled model's, bit for bit
     assert row["saved_bytes"] > 0 and row["cold_s"] > 0 and row["load_s"] > 0
     again = measure("eltwise_4k", "again", str(tmp_path))
-    assert again["model_cache_hit"] is True, f"the cold compile's model cache store: {row['model_cache_store']}"
+    assert again["model_cache_hit"] is True, (f"the cold compile's model cache store: {row['model_cache_store']}; "
+                                              f"entries after it {row['model_cache_entries']}, after the "
+                                              f"second compile {again['model_cache_entries']}")
     assert again["model_cache_same_outputs"] is True
     assert again["cache_import_s"] > 0          # cache="objects" ran torch.export
 
