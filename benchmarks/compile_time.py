@@ -72,7 +72,7 @@ def measure(case_name: str, stage: str, folder: str) -> dict:
         return {"cold_s": cold, "load_s": median(loads), "load_first_call_s": median(first_calls),
                 "saved_bytes": path.stat().st_size, "same_outputs": _same(out, expected),
                 "model_cache_store": store.get("error", "stored" if store else "not stored"),
-                "model_cache_entries": _entries()}
+                "model_cache_entries_cold": _entries()}
     expected = torch.load(outputs)
     cached, from_models = _compile(built.model, built.inputs)
     hit = cached.from_model_cache
