@@ -9,12 +9,18 @@ convolution M = output positions, N = out channels, K = in channels * kh * kw). 
 `gemm_efficiency.json` next to the suite's results. The peak is measured again just before and
 after each case (a case whose two peaks differ by more than 15% is measured again, then marked).
 
+Then the floors: for the suite's models whose time is mostly matrix products, those products'
+FLOPs (torch's FlopCounterMode over an eager call) at the fastest GEMM rate this run measured
+(Cuvil's steps, OpenBLAS's and torch's own `mm`), as a time, and that time over eager's median in
+the suite's `latest.json`: no engine's latency ratio to eager can be lower at that rate.
+
     python -m benchmarks.gemm_efficiency [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import statistics
 import time
 from pathlib import Path
@@ -54,6 +60,18 @@ def bracketed(measure, peak=lambda: sgemm_peak_gflops(repeats=3), attempts: int 
         if steady:
             break
     return gflops, us, before, after, steady
+
+
+def torch_mm_gflops(n: int = PEAK_SIZE, repeats: int = 7) -> float:
+    """torch.mm (eager's own GEMM library) on n x n x n, best of `repeats` (GFLOP/s)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best / 1e9
 
 
 def sgemm_peak_gflops(n: int = PEAK_SIZE, repeats: int = 7) -> float:
@@ -106,6 +124,39 @@ def _step_gflops(layer: nn.Module, x: torch.Tensor, op_name: str, flops: int, ca
     return flops / (us * 1e-6) / 1e9, us
 
 
+# the suite's models whose time is mostly matrix products: their floor at this run's best GEMM rate
+FLOOR_CASES = ("mlp_b64", "block_s128", "bert_small_s128", "convnext_b1", "cnn_b16")
+
+
+def product_flops(case_name: str) -> int:
+    """The FLOPs of a suite case's matrix products and convolutions, counted by torch's
+    FlopCounterMode over one eager call (elementwise work, softmax and norms are not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .suite import CASES as SUITE
+    built = SUITE[case_name].build()
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        built.model(*built.inputs)
+    return counter.get_total_flops()
+
+
+def floors(best_gflops: float, latest: dict | None, cases=FLOOR_CASES) -> list[dict]:
+    """Per case: the time its products alone take at `best_gflops` (the fastest GEMM step this run
+    measured), and that floor against eager's 1-thread median in `latest` (the suite's results)
+    where it is there: the smallest latency ratio to eager any engine reaches at that rate."""
+    eager = {row["case"]: row["threads"].get("1", {}).get("engines", {}).get("eager", {}).get("median_ms")
+             for row in (latest or {}).get("cases", [])}
+    rows = []
+    for case in cases:
+        flops = product_flops(case)
+        floor_ms = flops / (best_gflops * 1e9) * 1e3
+        row = {"case": case, "product_mflop": round(flops / 1e6, 1), "floor_ms": round(floor_ms, 3)}
+        if eager.get(case):
+            row |= {"eager_ms": eager[case], "floor_vs_eager": round(floor_ms / eager[case], 3)}
+        rows.append(row)
+    return rows
+
+
 def _kernel(compiled, name: str) -> dict:
     return next(k for k in compiled.report.kernels if k["name"] == name)
 
@@ -130,7 +181,15 @@ def main(argv: list[str] | None = None) -> dict:
                      "steady": steady, "fraction_of_peak": round(gflops / peak, 3)})
         print(f"{label:24s} {shape:14s} {us:8.1f} µs  {gflops:6.1f} GFLOP/s  {gflops / peak:6.1%} of the "
               f"peak then ({before:.1f} before, {after:.1f} after)" + ("" if steady else "  UNSTEADY"))
-    result = {"peak_size": PEAK_SIZE, "threads": 1, "cases": rows}
+    fastest = max([r["gflops"] for r in rows] + [p for r in rows for p in r["peak_before_after"]]
+                  + [torch_mm_gflops()])
+    latest = Path(args.out) / "latest.json"
+    floor_rows = floors(fastest, json.loads(latest.read_text()) if latest.exists() else None)
+    for f in floor_rows:
+        print(f"floor {f['case']:16s} {f['product_mflop']:7.1f} MFLOP in products at {fastest:.1f} GFLOP/s: "
+              f"{f['floor_ms']:.2f} ms" + (f" = {f['floor_vs_eager']:.2f}x eager's {f['eager_ms']:.3g} ms"
+                                           if "eager_ms" in f else ""))
+    result = {"peak_size": PEAK_SIZE, "threads": 1, "cases": rows, "fastest_gflops": fastest, "floors": floor_rows}
     write_json(result, args.out, "gemm_efficiency")
     return result
 

@@ -26,8 +26,26 @@ def _split(num, den):
 def _within(e, den, known: Bounds) -> bool:
     """0 <= e < den for every value of the variables?"""
     b = bounds(e, known)
-    return b is not None and sympy.sympify(b[0]).is_nonnegative is True and \
-        sympy.sympify(den - 1 - b[1]).is_nonnegative is True
+    if b is None:
+        return False
+    lo, hi = sympy.sympify(b[0]), sympy.sympify(b[1])
+    decided = _decided_by_ranges(lo, hi, den, known)
+    if decided is not None:
+        return decided
+    return lo.is_nonnegative is True and sympy.sympify(den - 1 - hi).is_nonnegative is True
+
+
+def _decided_by_ranges(lo, hi, den, known: Bounds) -> bool | None:
+    """The answer where `e`'s bounds lo and hi are expressions of other loop variables (the extent
+    of a last, partial tile) with numeric ranges of their own; None where they are not. Asking
+    sympy instead took 17-40 ms a question, 0.1 s of a ConvNeXt block's compile."""
+    if not sympy.sympify(den).is_number or lo.is_number and hi.is_number:
+        return None
+    lo_range, hi_range = bounds(lo, known), bounds(hi, known)
+    if lo_range is None or hi_range is None or not all(sympy.sympify(x).is_number for x in (*lo_range, *hi_range)):
+        return None
+    # sympy cannot use those ranges, so it proves no more (the zoo's and the suite's kernels came out the same)
+    return bool(lo_range[0] >= 0 and hi_range[1] <= den - 1)
 
 
 def floor_div(num, den, known: Bounds):

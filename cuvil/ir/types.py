@@ -222,9 +222,17 @@ def bounds(e, known: Bounds):
         b = bounds(num, known)
         if b is None or den.is_positive is not True:
             return None
-        return sympy.floor(b[0] / den), sympy.floor(b[1] / den)
+        # a bound with a min in it (the last tile's extent) stays unevaluated: evaluating
+        # floor(Min(256, n - 256*t)/56 + ...) asks sympy's assumptions about every term (20 ms a bound)
+        return tuple(sympy.floor(x / den, evaluate=not sympy.sympify(x).has(sympy.Min, sympy.Max)) for x in b)
     if isinstance(e, sympy.Mod) and e.args[1].is_positive:
         return sympy.Integer(0), e.args[1] - 1
+    if isinstance(e, (sympy.Min, sympy.Max)):     # the last tile's extent, min(tile, n - first)
+        parts = [bounds(a, known) for a in e.args]
+        if any(p is None or not all(sympy.sympify(x).is_number for x in p) for p in parts):
+            return None
+        pick = min if isinstance(e, sympy.Min) else max
+        return pick(p[0] for p in parts), pick(p[1] for p in parts)
     return None
 
 

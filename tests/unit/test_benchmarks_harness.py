@@ -201,3 +201,18 @@ def test_gemm_efficiency_measures_again_when_the_machine_changes_speed():
     assert bracketed(measure, peak=lambda: next(peaks)) == (82.0, 10.0, 90.0, 95.0, True)
     unsteady = iter([100.0, 50.0] * 3)
     assert bracketed(lambda: (70.0, 5.0), peak=lambda: next(unsteady)) == (70.0, 5.0, 100.0, 50.0, False)
+
+
+def test_floors_count_the_products_and_set_them_against_eager():
+    from benchmarks.gemm_efficiency import floors, product_flops
+    mlp_b64 = 2 * 64 * (512 * 1024 + 1024 * 1024 + 1024 * 10)     # MLP 512-1024-1024-10, by hand
+    convnext_dw = 2 * 96 * 56 * 56 * 7 * 7                          # its 7x7 depthwise convolution
+    convnext_mlp = 2 * 2 * 56 * 56 * 96 * 384                       # its two linears, 96 -> 384 -> 96
+    assert product_flops("mlp_b64") == mlp_b64
+    assert product_flops("convnext_b1") == convnext_dw + convnext_mlp
+    latest = {"cases": [{"case": "mlp_b64", "threads": {"1": {"engines": {"eager": {"median_ms": 5.0}}}}}]}
+    mlp, cnx = floors(100.0, latest, cases=("mlp_b64", "convnext_b1"))
+    floor_ms = mlp_b64 / 100e9 * 1e3
+    assert mlp == {"case": "mlp_b64", "product_mflop": round(mlp_b64 / 1e6, 1), "floor_ms": round(floor_ms, 3),
+                   "eager_ms": 5.0, "floor_vs_eager": round(floor_ms / 5.0, 3)}
+    assert "floor_vs_eager" not in cnx          # no eager time for it in those results
