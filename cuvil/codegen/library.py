@@ -716,10 +716,20 @@ def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp, layout="nhwc
     if nchw_memory and C >= TRANSPOSE_TILE:
         # a transpose per row (channels x columns -> columns x channels) in blocks of channels:
         # each column writes one line of the copy, and the block's input lines stay in L1 (a
-        # whole-channel loop per column, or a column loop per channel, misses on one side)
+        # whole-channel loop per column, or a column loop per channel, misses on one side); the
+        # columns in tiles of T, so that the emitter transposes T x T tiles in registers
         T = TRANSPOSE_TILE
-        span("r", lambda r: lw.loop("ct", -(-C // T), lambda ct: span("j", lambda j: lw.loop(
-            "c", tile_extent(T, C, T * ct), lambda c: copy(r, j, T * ct + c)))))
+        first, whole = pw, norm_dim(floor_div(sympy.sympify(inside), T, lw.known))
+        left = norm_dim(sympy.sympify(inside) - whole * T)
+
+        def channels(r, ct, j):
+            lw.loop("c", tile_extent(T, C, T * ct), lambda c: copy(r, j, T * ct + c))
+
+        def columns(r, ct):
+            lw.loop("jt", whole, lambda jt: lw.loop("j", T, lambda j: channels(r, ct, first + T * jt + j)))
+            if left != 0:
+                lw.loop("j", left, lambda j: channels(r, ct, j), start=norm_dim(first + whole * T))
+        span("r", lambda r: lw.loop("ct", -(-C // T), lambda ct: columns(r, ct)))
         return
     order = "rcj" if C < NHWC_MIN_CHANNEL_RUN or nchw_memory else "rjc"
 

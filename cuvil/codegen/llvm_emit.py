@@ -38,6 +38,7 @@ from llvmlite import ir
 from ..ir.types import DType
 from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, TopK,
                         Var, GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
+from .index_math import TRANSPOSE_TILE
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
 from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
@@ -306,6 +307,23 @@ class KernelEmitter:
         self.b.store(value, self.address(s.buf, s.index), align=s.buf.dtype.itemsize)
 
     def loop(self, s: Loop) -> None:
+        store = _transposed_tile(s)
+        if store is None:
+            self._loop(s)
+            return
+        # an edge tile (extents min(8, ...) of the tiles' loops) runs the loops
+        whole = [self.b.icmp_signed("==", self.index(loop.extent), ir.Constant(I64, TILE))
+                 for loop in (s, s.body[0]) if not sympy.sympify(loop.extent).is_Integer]
+        if not whole:
+            self._transpose_tile(s, store)
+            return
+        with self.b.if_else(self.b.and_(*whole) if len(whole) == 2 else whole[0]) as (then, otherwise):
+            with then:
+                self._transpose_tile(s, store)
+            with otherwise:
+                self._loop(s)
+
+    def _loop(self, s: Loop) -> None:
         start = self.index(s.start)
         if s.parallel:   # the runtime gives this call the sub-range [begin, end) of 0..extent
             lo, hi = self.b.add(start, self.begin, flags=["nsw"]), self.b.add(start, self.end, flags=["nsw"])
@@ -325,6 +343,29 @@ class KernelEmitter:
         elif s.parallel and _innermost(s) and _latency_bound(s.body):    # a 1-d elementwise kernel
             latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.interleave.count",
                                                                            LATENCY_INTERLEAVE)))
+
+    def _transpose_tile(self, outer: Loop, store: Store) -> None:
+        """`_transposed_tile`'s tile in registers: TILE vector loads of X's lines, the shuffles of
+        `TRANSPOSE_STAGES`, TILE vector stores of Y's. LLVM would vectorise the inner loop with
+        gathers (a Zen 4's cost model picks them) or leave it scalar."""
+        inner, load = outer.body[0], store.value
+        self.at(self.lines.statements[id(store)], store.origin)
+        a, b = loop_var(outer.var), loop_var(inner.var)
+        a0, b0 = self.index(outer.start), self.index(inner.start)
+        vec = ir.VectorType(MEMORY_TYPES[load.buf.dtype], TILE)
+        align = load.buf.dtype.itemsize
+
+        def address(buf, index, at_a, at_b):
+            self.indices[a], self.indices[b] = at_a, at_b
+            return self.address(buf, index)
+        step = lambda start, k: self.b.add(start, ir.Constant(I64, k), flags=["nsw"])   # noqa: E731
+        rows = [self.b.load(address(load.buf, load.index, a0, step(b0, k)), typ=vec, align=align)
+                for k in range(TILE)]
+        for pairs, masks in TRANSPOSE_STAGES:
+            rows = [self.b.shuffle_vector(rows[i], rows[j], ir.Constant(ir.VectorType(ir.IntType(32), TILE), m))
+                    for i, j in pairs for m in masks]
+        for k, row in enumerate(rows):
+            self.b.store(row, address(store.buf, store.index, step(a0, TRANSPOSE_ORDER[k]), b0), align=align)
 
     def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> ir.Instruction:
         """for var in lo..hi: body(); returns the back-edge branch (for loop metadata)."""
@@ -950,6 +991,40 @@ def _latency_bound(stmts) -> bool:
             return True
         return any(walk(o) for o in operands(e))
     return any(isinstance(s, (Let, Store)) and walk(s.value) for s in stmts)
+
+
+TILE = TRANSPOSE_TILE
+# An 8x8 transpose as three stages of two-vector shuffles (unpack, then pairs, then halves): each
+# stage makes, from the pairs of the previous stage's vectors, one vector per mask.
+TRANSPOSE_STAGES = (
+    (((0, 1), (2, 3), (4, 5), (6, 7)), ([0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])),
+    (((0, 2), (1, 3), (4, 6), (5, 7)), ([0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])),
+    (((0, 4), (1, 5), (2, 6), (3, 7)), ([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])),
+)
+TRANSPOSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)      # the row of the transposed tile each last-stage vector is
+
+
+def _transposed_tile(s: Loop) -> Store | None:
+    """The store of `for a in TILE: for b in TILE: Y[...] = X[...]` when Y is contiguous along b
+    and X along a: a tile of a transposing loop nest (`lower._iterate_transposed`, an NCHW
+    convolution input's copy in `library._copy_padded`). An extent that is not a number (an edge
+    tile's `min(8, ...)`) is compared with TILE at run time."""
+    inner = s.body[0] if len(s.body) == 1 else None
+    if s.parallel or not isinstance(inner, Loop) or inner.parallel or len(inner.body) != 1:
+        return None
+    store = inner.body[0]
+    if not (isinstance(store, Store) and isinstance(load := store.value, Load) and load.mask is None
+            and load.buf.dtype == store.buf.dtype != DType.bool and load.buf.name != store.buf.name):
+        return None
+    if any(sympy.sympify(loop.extent).is_Integer and sympy.sympify(loop.extent) != TILE for loop in (s, inner)):
+        return None
+    return store if _unit_stride(store, loop_var(inner.var)) and _unit_stride(load, loop_var(s.var)) else None
+
+
+def _unit_stride(access: Load | Store, var: sympy.Symbol) -> bool:
+    """Consecutive values of `var` address consecutive elements."""
+    static, dynamic = access.buf.offset(access.index)
+    return not dynamic and sympy.expand(static.subs(var, var + 1) - static) == 1
 
 
 def _innermost(s: Loop) -> bool:

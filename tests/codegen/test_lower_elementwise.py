@@ -243,6 +243,20 @@ def test_transposes_in_tiles_with_partial_edges(rows, cols):
         torch.testing.assert_close(run(g4, compiled, x, y, split=split), -x.permute(0, 3, 1, 2) * y, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype, shuffled", [(DType.f32, True), (DType.i64, True), (DType.bool, False)])
+def test_whole_tiles_of_a_plain_transpose_are_shuffled_in_registers(dtype, shuffled):
+    # 8 x 8 tiles whose value is a plain load: eight vector loads, three stages of shuffles,
+    # eight vector stores (`llvm_emit._transpose_tile`); the edge tiles, and bools, stay loops
+    g = Graph("tt", lambda b, x: b("cuvil.permute", x, perm=[0, 3, 1, 2]), [T("s0", 5, 19, 24, dtype=dtype)])
+    compiled = compile_graphs([g])
+    ir = compiled.llvm_ir(g.kernels[0].name)
+    assert (ir.count("shufflevector") >= 24) == shuffled, ir
+    torch_dtype = {DType.f32: torch.float32, DType.i64: torch.int64, DType.bool: torch.bool}[dtype]
+    for n, split in ((1, 1), (3, 2)):
+        x = (rand(n, 5, 19, 24, seed=n) * 10).to(torch_dtype)
+        torch.testing.assert_close(run(g, compiled, x, split=split), x.permute(0, 3, 1, 2), rtol=0, atol=0)
+
+
 def test_views_are_recomputed_in_each_consumer():
     def build(b, x):
         q, k = b.create("cuvil.split", [x], {"dim": 1, "sizes": [4, 4]}).results
