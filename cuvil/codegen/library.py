@@ -478,6 +478,12 @@ def _pack(lw, P, q, element, K, N) -> BufRef:
     panels of RUNTIME_PANEL columns (`ir.ops.nn.pack_panels`'s order; the last panel zero-padded).
     Returns where the GEMM reads it."""
     full, rest = divmod(N, RUNTIME_PANEL)
+    T = TRANSPOSE_TILE
+
+    def tiles(pp):      # a whole panel in T x T tiles: the emitter transposes those of a K^T in registers
+        lw.loop("kt", K // T, lambda kt: lw.loop("jt", RUNTIME_PANEL // T, lambda jt: lw.loop(
+            "kk", T, lambda kk: lw.loop("jj", T, lambda jj: lw.emit(Store(
+                P, [q, pp, T * kt + kk, T * jt + jj], element(T * kt + kk, RUNTIME_PANEL * pp + T * jt + jj)))))))
 
     def panel(pp, width, pad):
         def row(kk):
@@ -486,7 +492,7 @@ def _pack(lw, P, q, element, K, N) -> BufRef:
                 lw.loop("jj", RUNTIME_PANEL - width,
                         lambda jj: lw.emit(Store(P, [q, pp, kk, width + jj], const(0.0, DType.f32))))
         lw.loop("kk", K, row)
-    lw.loop("pp", full, lambda pp: panel(pp, RUNTIME_PANEL, False))
+    lw.loop("pp", full, lambda pp: tiles(pp) if isinstance(K, int) and K % T == 0 else panel(pp, RUNTIME_PANEL, False))
     if rest:
         panel(full, rest, True)
     return BufRef(P, q * P.shape[1] * K * RUNTIME_PANEL)

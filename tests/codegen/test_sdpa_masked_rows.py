@@ -23,13 +23,15 @@ def test_fully_masked_rows_give_zeros_like_eager():
     torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("e", [20, 16])
 @pytest.mark.parametrize("kind", ["plain", "bool", "float", "causal", "scale"])
-def test_attention_on_runtime_panels(kind):
+def test_attention_on_runtime_panels(kind, e):
     """Static shapes of at least 16 query rows and keys: K^T and V are packed in panels per tile
     and the panel GEMM runs both products, the scale applied to the logits (40 keys and 24 value
-    columns: partial last panels; 80 query rows: a partial second tile), against an fp64 reference."""
+    columns: partial last panels; 80 query rows: a partial second tile), against an fp64 reference.
+    A head dim of 16 packs K^T in whole 8 x 8 tiles, which the emitter transposes in registers."""
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(2, 3, 80, 20, generator=g), torch.randn(2, 3, 40, 20, generator=g), \
+    q, k, v = torch.randn(2, 3, 80, e, generator=g), torch.randn(2, 3, 40, e, generator=g), \
         torch.randn(2, 3, 40, 24, generator=g)
     masks = {"bool": torch.rand(2, 1, 80, 40, generator=g) > 0.3, "float": torch.randn(1, 3, 80, 40, generator=g)}
     mask = masks.get(kind)
