@@ -42,6 +42,8 @@ from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Ran
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .scalar_ops import call, cast, const
 
+MIN_RUN = 8      # a merged dim's runs shorter than a vector of floats keep one loop
+
 INLINE_OPS = frozenset({"cuvil.literal", "cuvil.full", "cuvil.arange"})
 REDUCTIONS = frozenset({"cuvil.sum", "cuvil.mean", "cuvil.amax", "cuvil.amin", "cuvil.prod", "cuvil.var",
                         "cuvil.argmax", "cuvil.argmin", "cuvil.softmax", "cuvil.log_softmax", "cuvil.layer_norm",
@@ -780,10 +782,31 @@ class GroupLowering:
                 self.known.setdefault(e, (sympy.Integer(0), sympy.sympify(d) - 1))
                 idx[pos] = e
             if inner:
-                self.loop(f"{prefix}i{len(flat)}", inner[0], lambda i: body(idx + [i]))
+                self._inner_loop(f"{prefix}i{len(flat)}", inner[0], lambda i: body(idx + [i]))
             else:
                 body(idx)
         self.loop(f"{prefix}p", norm_dim(total), outer, parallel=parallel)
+
+    def _inner_loop(self, name: str, extent, body: Callable) -> None:
+        """The loop over an output's last dim; in runs of F when a reshape in the group merged it
+        from dims whose last has F elements (attention's heads back into one row: [4, 64] -> 256),
+        so that the reads along a run are contiguous (one loop over the merged dim reads through
+        `i // 64` and `i % 64`, which LLVM vectorised with gathers)."""
+        F = self._merged_run(extent)
+        if F is None:
+            self.loop(name, extent, body)
+            return
+        self.loop(name + "r", extent // F, lambda r: self.loop(name, F, lambda i: body(F * r + i)))
+
+    def _merged_run(self, extent) -> int | None:
+        if not isinstance(extent, int):
+            return None
+        for op in self.ops:
+            if op.name == "cuvil.reshape" and op.operands[0].type.rank > 1:
+                run, merged = op.operands[0].type.shape[-1], op.result.type.shape[-1]
+                if isinstance(run, int) and merged == extent and MIN_RUN <= run < extent and extent % run == 0:
+                    return run
+        return None
 
     def store_outputs(self, idx, which: Callable[[Value], bool] = lambda v: True) -> None:
         for v, buf in self.outputs.values():

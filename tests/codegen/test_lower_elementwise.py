@@ -257,6 +257,21 @@ def test_whole_tiles_of_a_plain_transpose_are_shuffled_in_registers(dtype, shuff
         torch.testing.assert_close(run(g, compiled, x, split=split), x.permute(0, 3, 1, 2), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("head_dim, runs", [(64, True), (3, False)])
+def test_a_merged_last_dim_is_looped_in_runs_of_its_last_part(head_dim, runs):
+    # attention's heads back into rows: [b, h, s, d] -> [b, s, h, d] -> [b, s, h*d]; a loop per
+    # head over d reads contiguous lines (one loop over h*d reads through i // d and i % d)
+    g = Graph("heads", lambda b, x: b("cuvil.reshape", b("cuvil.permute", x, perm=[0, 2, 1, 3]),
+                                      shape=[2, 16, 4 * head_dim]), [T(2, 4, 16, head_dim)])
+    text = print_kernel(g.kernels[0])
+    expected = ("for i2r in 0..4 {\n      for i2 in 0..64 {\n        "
+                "%y0[p//16, p % 16, i2 + 64*i2r] = %a0[p//16, i2r, p % 16, i2]")
+    assert (expected in text) == runs and ("i2r" in text) == runs, text
+    x = rand(2, 4, 16, head_dim)
+    torch.testing.assert_close(run(g, compile_graphs([g]), x), x.permute(0, 2, 1, 3).reshape(2, 16, -1),
+                               rtol=0, atol=0)
+
+
 def test_views_are_recomputed_in_each_consumer():
     def build(b, x):
         q, k = b.create("cuvil.split", [x], {"dim": 1, "sizes": [4, 4]}).results
