@@ -38,12 +38,13 @@ from llvmlite import ir
 from ..ir.types import DType
 from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, TopK,
                         Var, GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
-from .index_math import TRANSPOSE_TILE
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
 from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
                          panel_rows)
 from .target import Target
+from .transpose_tile import (COLUMN, ROW, TILE, TRANSPOSE_ORDER, TRANSPOSE_STAGES, TransposedTile,
+                             transposed_tile)
 from .value_range import FORMS, ValueRanges, math_form
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -307,19 +308,19 @@ class KernelEmitter:
         self.b.store(value, self.address(s.buf, s.index), align=s.buf.dtype.itemsize)
 
     def loop(self, s: Loop) -> None:
-        store = _transposed_tile(s)
-        if store is None:
+        tile = transposed_tile(s)
+        if tile is None:
             self._loop(s)
             return
         # an edge tile (extents min(8, ...) of the tiles' loops) runs the loops
         whole = [self.b.icmp_signed("==", self.index(loop.extent), ir.Constant(I64, TILE))
                  for loop in (s, s.body[0]) if not sympy.sympify(loop.extent).is_Integer]
         if not whole:
-            self._transpose_tile(s, store)
+            self._transpose_tile(s, tile)
             return
         with self.b.if_else(self.b.and_(*whole) if len(whole) == 2 else whole[0]) as (then, otherwise):
             with then:
-                self._transpose_tile(s, store)
+                self._transpose_tile(s, tile)
             with otherwise:
                 self._loop(s)
 
@@ -344,28 +345,60 @@ class KernelEmitter:
             latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.interleave.count",
                                                                            LATENCY_INTERLEAVE)))
 
-    def _transpose_tile(self, outer: Loop, store: Store) -> None:
-        """`_transposed_tile`'s tile in registers: TILE vector loads of X's lines, the shuffles of
-        `TRANSPOSE_STAGES`, TILE vector stores of Y's. LLVM would vectorise the inner loop with
-        gathers (a Zen 4's cost model picks them) or leave it scalar."""
-        inner, load = outer.body[0], store.value
+    def _transpose_tile(self, outer: Loop, tile: TransposedTile) -> None:
+        """`transpose_tile`'s tile in registers: each transposed input as TILE vector loads and the
+        shuffles of `TRANSPOSE_STAGES`, then per row of the tile one vector expression and one
+        vector store."""
+        store = tile.store
         self.at(self.lines.statements[id(store)], store.origin)
-        a, b = loop_var(outer.var), loop_var(inner.var)
-        a0, b0 = self.index(outer.start), self.index(inner.start)
-        vec = ir.VectorType(MEMORY_TYPES[load.buf.dtype], TILE)
-        align = load.buf.dtype.itemsize
-
-        def address(buf, index, at_a, at_b):
-            self.indices[a], self.indices[b] = at_a, at_b
-            return self.address(buf, index)
+        a, b = loop_var(outer.var), loop_var(outer.body[0].var)
+        a0, b0 = self.index(outer.start), self.index(outer.body[0].start)
         step = lambda start, k: self.b.add(start, ir.Constant(I64, k), flags=["nsw"])   # noqa: E731
-        rows = [self.b.load(address(load.buf, load.index, a0, step(b0, k)), typ=vec, align=align)
-                for k in range(TILE)]
-        for pairs, masks in TRANSPOSE_STAGES:
-            rows = [self.b.shuffle_vector(rows[i], rows[j], ir.Constant(ir.VectorType(ir.IntType(32), TILE), m))
-                    for i, j in pairs for m in masks]
-        for k, row in enumerate(rows):
-            self.b.store(row, address(store.buf, store.index, step(a0, TRANSPOSE_ORDER[k]), b0), align=align)
+
+        def address(access, ka: int, kb: int) -> ir.Value:
+            self.indices[a], self.indices[b] = step(a0, ka), step(b0, kb)
+            return self.address(access.buf, access.index)
+
+        def load(x: Load, ka: int, kb: int) -> ir.Value:
+            vec = ir.VectorType(MEMORY_TYPES[x.buf.dtype], TILE)
+            return self.b.load(address(x, ka, kb), typ=vec, align=x.buf.dtype.itemsize)
+
+        columns = {}
+        for x in tile.columns:
+            rows = [load(x, 0, k) for k in range(TILE)]
+            for pairs, masks in TRANSPOSE_STAGES:
+                rows = [self.b.shuffle_vector(rows[i], rows[j], ir.Constant(ir.VectorType(I32, TILE), m))
+                        for i, j in pairs for m in masks]
+            columns[id(x)] = {TRANSPOSE_ORDER[k]: row for k, row in enumerate(rows)}
+
+        done: dict[tuple[int, int], ir.Value] = {}     # a row's shared subexpressions (relu's select) once
+
+        def value(e: Expr, ka: int) -> ir.Value:
+            if (id(e), ka) not in done:
+                done[id(e), ka] = row_value(e, ka)
+            return done[id(e), ka]
+
+        def row_value(e: Expr, ka: int) -> ir.Value:
+            if isinstance(e, Load):
+                kind = tile.reads[id(e)]
+                if kind == COLUMN:
+                    return columns[id(e)][ka]
+                if kind == ROW:
+                    return load(e, ka, 0)
+                address(e, ka, 0)
+                return self._splat(self._plain_load(e))
+            if isinstance(e, Call):
+                table = SHARED_OPS if e.fn in SHARED_OPS else FLOAT_OPS
+                return table[e.fn](self, *(value(x, ka) for x in e.args))
+            return self._splat(self.expr(e))
+
+        for ka in range(TILE):
+            row = value(store.value, ka)
+            self.b.store(row, address(store, ka, 0), align=store.buf.dtype.itemsize)
+
+    def _splat(self, v: ir.Value) -> ir.Value:
+        one = self.b.insert_element(ir.Constant(ir.VectorType(v.type, TILE), ir.Undefined), v, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, one, ir.Constant(ir.VectorType(I32, TILE), [0] * TILE))
 
     def counted_loop(self, var: str, lo, hi, body: Callable[[], None]) -> ir.Instruction:
         """for var in lo..hi: body(); returns the back-edge branch (for loop metadata)."""
@@ -845,8 +878,9 @@ def _bf16_bits(v: float) -> int:
 # ----------------------------------------------------------------------------- op tables
 
 def _f(name):
-    def emit(em, *a):
-        return em.b.call(intrinsic(em.b.module, name, F32, [F32] * len(a), [F32]), list(a))
+    def emit(em, *a):      # on f32 scalars or vectors (a transposed tile's rows)
+        t = a[0].type
+        return em.b.call(intrinsic(em.b.module, name, t, [t] * len(a), [t]), list(a))
     return emit
 
 
@@ -991,40 +1025,6 @@ def _latency_bound(stmts) -> bool:
             return True
         return any(walk(o) for o in operands(e))
     return any(isinstance(s, (Let, Store)) and walk(s.value) for s in stmts)
-
-
-TILE = TRANSPOSE_TILE
-# An 8x8 transpose as three stages of two-vector shuffles (unpack, then pairs, then halves): each
-# stage makes, from the pairs of the previous stage's vectors, one vector per mask.
-TRANSPOSE_STAGES = (
-    (((0, 1), (2, 3), (4, 5), (6, 7)), ([0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])),
-    (((0, 2), (1, 3), (4, 6), (5, 7)), ([0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])),
-    (((0, 4), (1, 5), (2, 6), (3, 7)), ([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])),
-)
-TRANSPOSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)      # the row of the transposed tile each last-stage vector is
-
-
-def _transposed_tile(s: Loop) -> Store | None:
-    """The store of `for a in TILE: for b in TILE: Y[...] = X[...]` when Y is contiguous along b
-    and X along a: a tile of a transposing loop nest (`lower._iterate_transposed`, an NCHW
-    convolution input's copy in `library._copy_padded`). An extent that is not a number (an edge
-    tile's `min(8, ...)`) is compared with TILE at run time."""
-    inner = s.body[0] if len(s.body) == 1 else None
-    if s.parallel or not isinstance(inner, Loop) or inner.parallel or len(inner.body) != 1:
-        return None
-    store = inner.body[0]
-    if not (isinstance(store, Store) and isinstance(load := store.value, Load) and load.mask is None
-            and load.buf.dtype == store.buf.dtype != DType.bool and load.buf.name != store.buf.name):
-        return None
-    if any(sympy.sympify(loop.extent).is_Integer and sympy.sympify(loop.extent) != TILE for loop in (s, inner)):
-        return None
-    return store if _unit_stride(store, loop_var(inner.var)) and _unit_stride(load, loop_var(s.var)) else None
-
-
-def _unit_stride(access: Load | Store, var: sympy.Symbol) -> bool:
-    """Consecutive values of `var` address consecutive elements."""
-    static, dynamic = access.buf.offset(access.index)
-    return not dynamic and sympy.expand(static.subs(var, var + 1) - static) == 1
 
 
 def _innermost(s: Loop) -> bool:

@@ -16,7 +16,9 @@ stride. The pass works in three steps:
    folded work for a constant and a cheap view otherwise);
 3. cancel: `permute(permute(x, p), q)` with `p` then `q` the identity is `x` (canonicalize's
    patterns). What is left are the conversions at the function's edges and before ops that need
-   NCHW, such as a flatten; the statistics count them.
+   NCHW, such as a flatten; the statistics count them;
+4. hoist: a conversion left below an op that reads an NCHW value through its NHWC view (a
+   residual of the function's input) moves back above it (`hoist_conversion`).
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ class LayoutPass(ModulePass):
     weights in GEMM panels of at most `panel-width` columns (0: the host's `Target.panel_width`;
     a cross compile sets its target's). Statistics: ops converted and kept (by op), weights packed
     (of them in conv panels), linears packed, the panel width, conversions inserted, sunk,
-    cancelled and left."""
+    hoisted, cancelled and left."""
     name = "layout"
     priority = 85
     requires = frozenset({"verified"})
@@ -83,10 +85,12 @@ class LayoutPass(ModulePass):
                       for op in list(fn.ops) if self.pack_linear and op.name == "cuvil.linear")
         fired = apply_patterns(module, {ANY_OP: [sink_conversion],
                                         "cuvil.permute": [permute_permute, permute_identity]})
+        fired += apply_patterns(module, {"cuvil.permute": [hoist_conversion, permute_permute, permute_identity]})
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
                 "weights-packed": packed["hwio"] + packed["panels"], "conv-panels": packed["panels"],
                 "linears-packed": linears, "panel-width": widest,
                 "conversions-inserted": inserted, "sunk": fired["sink_conversion"],
+                "hoisted": fired["hoist_conversion"],
                 "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
 
 
@@ -184,6 +188,37 @@ def sink_conversion(op: Operation, rw: Rewriter) -> bool:
         operands.append(rw.create(op, "cuvil.permute", [v], {"perm": list(TO_NHWC)}).result)
     nhwc = rw.create(op, op.name, operands, dict(op.attrs))
     rw.replace(op, rw.create(op, "cuvil.permute", [nhwc.result], {"perm": list(TO_NCHW)}).results)
+    return True
+
+
+def hoist_conversion(op: Operation, rw: Rewriter) -> bool:
+    """permute(elementwise(permute(x, to NHWC), y, ...), to NCHW) -> elementwise(x, permute(y, to
+    NCHW), ...): a conversion left at the end of a sunk chain moves back above the last op when one
+    of its operands is an NCHW value read in NHWC (a residual input whose NHWC form is only a view,
+    folded into a convolution's input copy). Sunk, that op read the residual across channels
+    (gathers) and the conversion was a kernel of its own; hoisted, it reads the residual in order
+    and the conversion folds into its indexing (a transposed tile)."""
+    if tuple(op.attrs["perm"]) != TO_NCHW:
+        return False
+    ew = producer(op.operands[0])
+    if ew is None or not ew.has_tag("elementwise") or len(ew.results) != 1 or len(ew.result.uses) != 1:
+        return False
+    views = [p.operands[0] for v in ew.operands
+             if (p := producer(v)) is not None and p.name == "cuvil.permute" and tuple(p.attrs["perm"]) == TO_NHWC]
+    if not views:
+        return False
+    operands = []
+    for v in ew.operands:
+        p = producer(v)
+        if p is not None and p.name == "cuvil.permute" and tuple(p.attrs["perm"]) == TO_NHWC:
+            operands.append(p.operands[0])
+        elif v.type.rank == 0:
+            operands.append(v)
+        else:
+            if v.type.rank < 4:
+                v = rw.create(ew, "cuvil.reshape", [v], {"shape": [1] * (4 - v.type.rank) + list(v.type.shape)}).result
+            operands.append(rw.create(ew, "cuvil.permute", [v], {"perm": list(TO_NCHW)}).result)
+    rw.replace(op, rw.create(ew, ew.name, operands, dict(ew.attrs)).results)
     return True
 
 

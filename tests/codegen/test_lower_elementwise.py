@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from cuvil.codegen.kernel_ir import Cast, Load, loop_var
+from cuvil.codegen.jit import build_module
 from cuvil.codegen.kernel_text import print_kernel
+from cuvil.codegen.target import Target
 from cuvil.passes.fuse import fusion_groups
 from cuvil.ir import DType, sym
 
@@ -255,6 +257,20 @@ def test_whole_tiles_of_a_plain_transpose_are_shuffled_in_registers(dtype, shuff
     for n, split in ((1, 1), (3, 2)):
         x = (rand(n, 5, 19, 24, seed=n) * 10).to(torch_dtype)
         torch.testing.assert_close(run(g, compiled, x, split=split), x.permute(0, 3, 1, 2), rtol=0, atol=0)
+
+
+def test_a_tile_that_computes_on_a_transposed_operand_is_vector_rows():
+    # relu(permute(x) * scale + y): x transposed in registers, y read as vectors along the rows,
+    # the per-channel scale (fixed along a row) broadcast; then one vector expression per row
+    g = Graph("tile_expr", lambda b, x, s, y: b("cuvil.relu", b("cuvil.add", b("cuvil.mul", b(
+        "cuvil.permute", x, perm=[0, 3, 1, 2]), s), y)), [T("s0", 5, 19, 24), T(24, 1, 1), T("s0", 24, 5, 19)])
+    ir = str(build_module(g.kernels, {k.name: k.name for k in g.kernels}, Target.host(), debug=False))
+    assert ir.count("shufflevector") >= 24 and ir.count("fmul <8 x float>") == 8, ir     # before LLVM's passes
+    compiled = compile_graphs([g])
+    for n, split in ((1, 1), (3, 2)):
+        x, s, y = rand(n, 5, 19, 24, seed=n), rand(24, 1, 1, seed=7), rand(n, 24, 5, 19, seed=8)
+        torch.testing.assert_close(run(g, compiled, x, s, y, split=split), torch.relu(x.permute(0, 3, 1, 2) * s + y),
+                                   rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("head_dim, runs", [(64, True), (3, False)])

@@ -116,7 +116,8 @@ def test_single_conv_function_is_converted_but_min_convs_can_keep_it():
     report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2 panel-width=32}", native=False)
     assert layout_statistics(report) == {"converted": {}, "kept": {"conv2d": 1}, "weights-packed": 0,
                                          "conv-panels": 0, "linears-packed": 0, "panel-width": 32,
-                                         "conversions-inserted": 0, "sunk": 0, "cancelled": 0, "conversions-left": 0}
+                                         "conversions-inserted": 0, "sunk": 0, "hoisted": 0, "cancelled": 0,
+                                         "conversions-left": 0}
 
 
 def test_unknown_layout_is_a_verify_error_with_its_location():
