@@ -128,6 +128,13 @@ def test_symbolic_image_sizes(compiled):
 def test_stem_reads_the_nchw_input_through_the_permute(compiled):
     w, bias = rand(16, 3, 3, 3, seed=5), rand(16, seed=6)
     assert len(GRAPHS["stem"].kernels) == 1     # the permute is read inside the conv's kernel
+    # its copy into the padded scratch writes each column's 3 channels out in turn: no loop over
+    # the channels (LLVM unrolled it and SLP-vectorised at length) and no loop over the columns
+    # inside one (its stores had a stride of 3: scatters on AVX-512)
+    text = print_kernels(GRAPHS["stem"].kernels)
+    row = re.search(r"for j in 1\.\.21 \{\n((?:\s*%tmp0\[.*\n){3})\s*\}", text)
+    assert row is not None, text
+    assert [re.search(r"%a0\[p//2, (\d), ", line)[1] for line in row[1].strip().splitlines()] == ["0", "1", "2"], text
     x = rand(2, 3, 20, 20)
     out = run(GRAPHS["stem"], compiled, x, pack_conv_panels(w.permute(*WEIGHT_TO_HWIO).contiguous()), bias)
     torch.testing.assert_close(out.permute(*TO_NCHW), _reference(x, w, bias, 1, 1), rtol=1e-4, atol=1e-4)
