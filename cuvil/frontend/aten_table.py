@@ -255,6 +255,20 @@ def cat(L: Lowering, xs, dim=0):
     return xs[0] if len(xs) == 1 else L.op("cuvil.cat", *xs, dim=L.axis(dim, rank))
 
 
+def diff(L: Lowering, x, n=1, dim=-1, prepend=None, append=None):
+    """x[1:] - x[:-1] along `dim`, n times, after prepend and append are joined on (a bool tensor's
+    difference is `!=`, as torch's)."""
+    dim = L.axis(dim, x.type.rank)
+    parts = [p for p in (prepend, x, append) if p is not None]
+    if len(parts) > 1:
+        x = L.op("cuvil.cat", *parts, dim=dim)
+    step = "cuvil.ne" if x.type.dtype is DType.bool else "cuvil.sub"
+    for _ in range(n):
+        size = x.type.shape[dim]
+        x = L.op(step, slice_(L, x, dim, 1, size), slice_(L, x, dim, 0, size - 1))
+    return x
+
+
 def flip(L: Lowering, x, dims):
     rank = x.type.rank
     return L.op("cuvil.flip", x, dims=sorted({L.axis(d, rank) for d in dims}))
@@ -955,6 +969,13 @@ def adaptive_avg_pool2d(L: Lowering, x, output_size):
     return L.op("cuvil.adaptive_avg_pool2d", x, output_size=pair(output_size))
 
 
+def adaptive_avg_pool1d(L: Lowering, x, output_size):
+    """As a 2-d pool over rows one high: [N, C, L] -> [N, C, 1, L] (see conv1d)."""
+    row = x.type.rank - 1
+    out = adaptive_avg_pool2d(L, L.op("cuvil.unsqueeze", x, dim=row), [1, _single(output_size)])
+    return L.op("cuvil.squeeze", out, dims=[row])
+
+
 def adaptive_max_pool2d(L: Lowering, x, output_size):
     return (L.op("cuvil.adaptive_max_pool2d", x, output_size=pair(output_size)),
             Unavailable("the indices output of adaptive_max_pool2d"))
@@ -1132,6 +1153,7 @@ ATEN_TABLE = {
     aten.to.dtype: to_copy,
     aten.to.device: to_copy,
     aten.to.dtype_layout: to_copy,
+    aten.type_as.default: to_copy,
     aten.dropout.default: identity,     # inference only: `export.needs_decomposition`
     # elementwise, binary
     aten.add.Tensor: scaled("cuvil.add"),
@@ -1155,6 +1177,8 @@ ATEN_TABLE = {
     aten.pow.Scalar: pow_,
     aten.maximum.default: binary("cuvil.maximum"),
     aten.minimum.default: binary("cuvil.minimum"),
+    aten.max.other: binary("cuvil.maximum"),
+    aten.min.other: binary("cuvil.minimum"),
     aten.eq.Tensor: binary("cuvil.eq"),
     aten.eq.Scalar: binary("cuvil.eq"),
     aten.ne.Tensor: binary("cuvil.ne"),
@@ -1173,6 +1197,9 @@ ATEN_TABLE = {
     aten.__and__.Tensor: logical_or_bitwise("cuvil.logical_and", "cuvil.bitwise_and"),
     aten.bitwise_or.Tensor: logical_or_bitwise("cuvil.logical_or", "cuvil.bitwise_or"),
     aten.where.self: where,
+    aten.where.ScalarSelf: where,
+    aten.where.ScalarOther: where,
+    aten.where.Scalar: where,
     aten.masked_fill.Scalar: masked_fill,
     aten.masked_fill.Tensor: masked_fill,
     # reductions and normalisations
@@ -1251,6 +1278,7 @@ ATEN_TABLE = {
     aten.avg_pool2d.default: avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,
     aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
     aten.embedding.default: embedding,
     aten.scaled_dot_product_attention.default: sdpa,
@@ -1273,6 +1301,7 @@ ATEN_TABLE = {
     aten.cat.default: cat,
     aten.pad.default: pad,
     aten.flip.default: flip,
+    aten.diff.default: diff,
     aten.unfold.default: unfold,
     aten.roll.default: roll,
     aten.repeat.default: repeat,
@@ -1304,6 +1333,7 @@ ATEN_TABLE = {
     aten.arange.start_step: arange,
     # value-semantics no-ops: the graph IR has no aliasing, so copies and views of the whole are the value itself
     aten.clone.default: identity,
+    aten.contiguous.default: identity,
     aten.alias.default: identity,
     aten.lift_fresh_copy.default: identity,
     aten.detach.default: identity,

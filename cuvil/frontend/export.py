@@ -23,6 +23,7 @@ from torch.export import Dim
 from ..errors import CuvilError
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
+from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
 from .size_conditions import SizeConditionError, check_size_conditions
 
@@ -115,6 +116,8 @@ def _export(module, args, kwargs, named: list[str], hints: Hints, ranges,
                 # nodes, and decide them at every size (size_conditions.py)
                 ep = export(prefer_deferred_runtime_asserts_over_guards=True)
                 check_size_conditions(ep, _dim_names(ep, hints), sizes)
+            if functionalize_local_inplace(ep.graph):
+                ep.graph_module.recompile()
             if needs_decomposition(ep):
                 ep = ep.run_decompositions(decomposition_table())
     except CuvilError:

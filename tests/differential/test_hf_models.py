@@ -145,3 +145,39 @@ def test_weight_standardised_convolutions():
     model = randomize(transformers.BitModel(cfg))
     x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(6))
     assert_close_to_fp64(model, cuvil.compile(model)(x)[0], x)
+
+
+_IDS = torch.randint(1, 100, (1, 16), generator=torch.Generator().manual_seed(7))
+_IMAGE = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(8))
+WITHOUT_DECOMPOSITIONS = {
+    # model, input, keywords; what its graph holds that once needed run_decompositions
+    "gpt2": (lambda: transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=100)),
+             _IDS, {"use_cache": False}),                                   # torch.diff of the positions
+    "qwen2": (lambda: transformers.Qwen2Model(transformers.Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=100)), _IDS, {"use_cache": False}),                      # torch.diff
+    "t5_encoder": (lambda: transformers.T5EncoderModel(transformers.T5Config(
+        d_model=64, num_layers=2, num_heads=2, d_ff=128, d_kv=32, vocab_size=100)), _IDS, {}),   # where, min, +=
+    "roberta": (lambda: transformers.RobertaModel(transformers.RobertaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=100)),
+        _IDS, {}),                                                          # type_as
+    "resnet": (lambda: transformers.ResNetModel(transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
+                                                                          depths=[1, 1])), _IMAGE, {}),   # +=
+    "swin": (lambda: transformers.SwinModel(transformers.SwinConfig(
+        image_size=64, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4)), _IMAGE, {}),   # pool1d
+}
+
+
+@pytest.mark.parametrize("name", WITHOUT_DECOMPOSITIONS)
+def test_models_import_without_run_decompositions(name, monkeypatch):
+    """These graphs hold only ops Cuvil imports directly, in-place ones on the model's own tensors
+    among them, so capture skips `run_decompositions` (0.3-0.6 s each here: it traces the model
+    again)."""
+    make, x, keywords = WITHOUT_DECOMPOSITIONS[name]
+    model = randomize(make())
+
+    def refuse(*_, **__):
+        raise AssertionError("run_decompositions was called")
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", refuse)
+    out = cuvil.compile(model, cache=False)(x, **keywords)
+    assert_close_to_fp64(model, out[0], x, **keywords)

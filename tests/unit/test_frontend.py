@@ -119,6 +119,25 @@ def test_fmod_and_remainder_by_a_python_number(divisor):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_ops_imported_without_decompositions():
+    """Ops Hugging Face models leave in the exported graph (T5's `torch.where(c, x, min)` and
+    `.contiguous()`, RoBERTa's `type_as`, Swin's adaptive_avg_pool1d, triplet losses' `torch.min(a, b)`)
+    import directly: the graph needs no `run_decompositions` (which traces the model again)."""
+    from cuvil.frontend.export import capture, needs_decomposition
+
+    def f(x, i):
+        y = torch.where(x > 0, x, -0.5) + torch.where(x < 1, 2.0, x)
+        t = x.t().contiguous() * 2
+        pooled = F.adaptive_avg_pool1d(x.unsqueeze(0), 3)
+        return y, t, i.type_as(x) + x[:, :1], torch.min(x, y), torch.max(y, x * 2), pooled
+
+    x, i = torch.randn(5, 7), torch.arange(5).reshape(5, 1)
+    assert not needs_decomposition(capture(f, (x, i)).program)
+    for got, want in zip(cuvil.compile(f, cache=False)(x, i), f(x, i)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
 def test_a_max_of_sizes_is_the_argument_the_ranges_decide():
     """torch's sym_max / sym_min (`max(0, n - s)` in MPT's attention bias) become the argument that
     is the larger (smaller) over the symbols' ranges; a Max they do not decide is a clear refusal."""

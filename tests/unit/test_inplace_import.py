@@ -1,0 +1,93 @@
+"""In-place ops on tensors the model made (`h += x`, `nn.ReLU(inplace=True)`, `x.mul_(2)`) imported as
+their functional forms without `run_decompositions` (frontend/inplace.py), and the cases where the
+mutation is observable, which still go through it. Every case is compared with eager."""
+import pytest
+import torch
+from torch import nn
+
+import cuvil
+from cuvil.frontend.export import as_module, capture, needs_decomposition
+from cuvil.frontend.inplace import functionalize_local_inplace
+
+
+class Residual(nn.Module):
+    """HF ResNet's `hidden_state += residual`, an in-place ReLU and a scale, and a reader of the
+    tensor before it is changed."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 6)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.linear(x)
+        before = h.sum(dim=1)
+        h += x
+        h = self.relu(h)
+        h.mul_(2)
+        return h, before
+
+
+def _targets(captured) -> list[str]:
+    return [str(n.target) for n in captured.program.graph.nodes if n.op == "call_function"]
+
+
+def test_unobservable_inplace_ops_import_without_decomposition():
+    model = Residual().eval()
+    x = torch.randn(4, 6)
+    captured = capture(model, (x,))
+    targets = _targets(captured)
+    assert not needs_decomposition(captured.program)
+    assert {"aten.add.Tensor", "aten.relu.default", "aten.mul.Tensor"} <= set(targets)
+    assert not any(t.endswith("_.Tensor") or t.endswith("_.default") for t in targets)
+    fast = cuvil.compile(model, cache=False)
+    for got, want in zip(fast(x), model(x)):
+        torch.testing.assert_close(got, want)
+
+
+def _view_read_after(x, w):
+    h = x @ w
+    row = h[0]              # a view: the mutation shows through it
+    h += 1
+    return row * 1
+
+
+def _view_kept_and_returned(x, w):
+    h = x @ w
+    flat = h.view(-1)
+    h.mul_(3)
+    return flat + 0
+
+
+def _into_a_slice(x, w):
+    h = x @ w
+    h[:, 0] += 5            # the target is a view: the base changes
+    return h
+
+
+def _promoting(x, w):
+    h = (x @ w).half()
+    h += x                  # half += float stays half; the functional add would be float
+    return h
+
+
+@pytest.mark.parametrize("fn", [_view_read_after, _view_kept_and_returned, _into_a_slice, _promoting])
+def test_observable_mutations_keep_torchs_meaning(fn):
+    x, w = torch.randn(3, 3), torch.randn(3, 3)
+    fast = cuvil.compile(fn, cache=False)
+    got, want = fast(x, w), fn(x, w)
+    for g, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("fn", [_view_read_after, _view_kept_and_returned, _into_a_slice, _promoting])
+def test_observable_mutations_are_not_rewritten(fn):
+    program = torch.export.export(as_module(fn), (torch.randn(3, 3), torch.randn(3, 3)))
+    assert functionalize_local_inplace(program.graph) == 0
+    assert needs_decomposition(program)
+
+
+def test_the_rewrite_counts_each_unobservable_op():
+    program = torch.export.export(Residual().eval(), (torch.randn(4, 6),))
+    assert functionalize_local_inplace(program.graph) == 3
