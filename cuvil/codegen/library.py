@@ -415,7 +415,7 @@ def matmul(lw, op):
     b_shape = b.type.shape if b.type.rank > 1 else b.type.shape + (1,)
     M, K = a_shape[-2:]
     N = b_shape[-1]
-    A, B = lw.inputs[id(a)], lw.inputs[id(b)]
+    A, B = lw.inputs.get(id(a)), lw.inputs.get(id(b))
     out_shape = op.result.type.shape
     if len(b_shape) == 2:   # one right-hand matrix: fold a's batch dims into its rows
         row_shape = list(out_shape[:-1]) if b.type.rank > 1 else list(out_shape)
@@ -437,16 +437,29 @@ def matmul(lw, op):
         return off
 
     packed = _runtime_panels(lw, total, K, N) if _packs_at_run_time(M, N) else None
+    # an operand behind views (attention's heads of a joint QKV projection) is read through them:
+    # the right-hand side by its packing, the left one copied an entry at a time (`gathered_operands`)
+    a_rows = None if A is not None else lw.scratch(DType.f32, [total, M * K])
+
+    def own_index(x, q_idx):
+        """x's indices of batch entry q_idx, where x's own batch dims broadcast."""
+        own = x.type.shape[:-2]
+        return [0 if isinstance(d, int) and d == 1 else q_idx[len(batch) - len(own) + i] for i, d in enumerate(own)]
 
     def entry(q):
         q_idx = decompose(lw.known, q, batch)
-        a_at = BufRef(A, offset(a_shape, q_idx, M * K))
+        if a_rows is None:
+            a_at = BufRef(A, offset(a_shape, q_idx, M * K))
+        else:
+            at = own_index(a, q_idx)
+            lw.loop("r", M, lambda r: lw.loop("e", K, lambda e: lw.emit(
+                Store(a_rows, [q, r * K + e], lw.value(a, at + [r, e])))))
+            a_at = BufRef(a_rows, q * M * K)
         if packed is None:
             lw.emit(Gemm(BufRef(T, q * M * N), a_at, BufRef(B, offset(b_shape, q_idx, K * N)), M, N, K, K, N, N))
         else:
-            own = b_shape[:-2]
-            at = [0 if isinstance(d, int) and d == 1 else q_idx[len(batch) - len(own) + i] for i, d in enumerate(own)]
-            lw.emit(Gemm(BufRef(T, q * M * N), a_at, _pack(lw, packed, q, lambda kk, j: Load(B, at + [kk, j]), K, N),
+            at = own_index(b, q_idx)
+            lw.emit(Gemm(BufRef(T, q * M * N), a_at, _pack(lw, packed, q, lambda kk, j: lw.value(b, at + [kk, j]), K, N),
                          M, N, K, K, 0, N, b_panels=RUNTIME_PANEL))
         region = [(i, 1) for i in q_idx]
         if a.type.rank > 1:
@@ -991,18 +1004,27 @@ LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2
 
 def gathered_operands(op: Operation) -> list:
     """The operands of a GEMM-based op that are views it can read through: an im2col convolution
-    gathers its input element by element (not through BLAS), and attention copies its tile of
-    queries and packs its keys and values into panels element by element, so a permute, reshape or
-    split in front of them costs nothing (attention's heads of a joint QKV projection). Computed
-    producers stay out: the gather reads each element kh*kw times, the packing once per tile of
-    query rows."""
+    gathers its input element by element (not through BLAS), attention copies its tile of
+    queries and packs its keys and values into panels element by element, and so does a batched
+    matmul with its operands, so a permute, reshape or split in front of them costs nothing
+    (attention's heads of a joint QKV projection). Computed producers stay out: the gather reads
+    each element kh*kw times, the packing once per tile of query rows."""
     if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit", "depthwise"):
         candidates = [op.operands[0]]
     elif op.name == "cuvil.sdpa" and _packs_keys_and_values(op):
         candidates = list(op.operands[:3])
+    elif op.name == "cuvil.matmul" and _packs_batched_right_sides(op):
+        candidates = list(op.operands[:2])
     else:
         return []
     return [x for x in candidates if not x.is_arg and x.owner.has_tag("view")]
+
+
+def _packs_batched_right_sides(op: Operation) -> bool:
+    """Whether a batched matmul (both operands matrices, the right-hand one batched) packs its
+    right-hand sides at run time."""
+    a, b = op.operands
+    return a.type.rank > 1 and b.type.rank > 2 and _packs_at_run_time(a.type.shape[-2], b.type.shape[-1])
 
 
 def _packs_keys_and_values(op: Operation) -> bool:

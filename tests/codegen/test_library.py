@@ -1,5 +1,7 @@
 """GEMM-based ops (matmul, linear, bmm, conv2d: direct / 1x1 GEMM / im2col) and pooling against
 eager torch, including symbolic batch sizes, broadcasting batch dims, epilogues and thread splits."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -209,3 +211,28 @@ def test_a_linear_epilogue_with_a_transposed_residual_runs_in_column_blocks():
     for n in (1, 3):
         x, r, w, bias = torch.randn(n, 5, 7, 12), torch.randn(n, 20, 5, 7), torch.randn(20, 12), torch.randn(20)
         torch.testing.assert_close(run(g, compiled, x, r, w, bias), F.linear(x, w, bias) + r.permute(0, 2, 3, 1))
+
+
+VIEW_OPS = {"split", "reshape", "permute", "transpose", "view", "slice"}
+
+
+@pytest.mark.parametrize("seq", [20, 64])
+def test_batched_matmuls_read_attention_heads_through_their_views(seq):
+    """Manual attention (the suite's block): q, k^T and v are heads of one QKV projection, views
+    the batched products read through (the left operand copied an entry at a time, the right one
+    packed in panels), so no kernel only copies a view; a 20-long sequence leaves a partial panel."""
+    import cuvil
+
+    def attention(x, w, bias):
+        n, s, _ = x.shape
+        q, k, v = (x @ w).split(64, dim=-1)
+        q, k, v = (t.reshape(n, s, 4, 16).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / 4.0 + bias
+        return scores.softmax(-1) @ v
+
+    x, w, bias = rand(2, seq, 64), rand(64, 192, seed=1) / 8, rand(seq, seq, seed=2)
+    fast = cuvil.compile(attention, cache=False)
+    torch.testing.assert_close(fast(x, w, bias), attention(x, w, bias), rtol=1e-5, atol=1e-5)
+    names = [re.sub(r"^.*?_\d+_", "", k["name"]).split("_") for k in fast.report.kernels]
+    assert not [n for n in names if set(n) <= VIEW_OPS], names
+    assert sum("matmul" in n for n in names) == 3
