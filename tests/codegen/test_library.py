@@ -236,3 +236,23 @@ def test_batched_matmuls_read_attention_heads_through_their_views(seq):
     names = [re.sub(r"^.*?_\d+_", "", k["name"]).split("_") for k in fast.report.kernels]
     assert not [n for n in names if set(n) <= VIEW_OPS], names
     assert sum("matmul" in n for n in names) == 3
+
+
+def test_gemm_row_tiles_are_even_for_thread_splits():
+    """A GEMM's static rows are cut into tiles of even height (a multiple of 8), an even number in
+    all (the engine splits tiles into equal counts per thread): ConvNeXt's 3136 rows with three
+    column tiles had been 12 tiles of 256 and one of 64, 19% more rows for one of two threads."""
+    import sympy
+
+    from cuvil.codegen.library import ROW_TILE, _row_tile_height
+    assert _row_tile_height(3136, 3) == (14, 224)
+    assert _row_tile_height(300, 1) == (2, 152)
+    assert _row_tile_height(1000, 3) == (4, 256)
+    assert _row_tile_height(128, 1) == (1, ROW_TILE)
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert _row_tile_height(s, 1)[1] == ROW_TILE
+    import cuvil
+    linear = torch.nn.Linear(96, 384)
+    x = rand(1, 3136, 96)
+    got = cuvil.compile(linear, threads=2, cache=False)(x)
+    torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
