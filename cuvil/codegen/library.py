@@ -373,6 +373,11 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
     # the panel GEMM packs nothing per call, so narrower tiles cost little and give threads work
     col_tiles, width = _column_tiles(n, PANEL_COL_TILE if b_panels else COL_TILE)
     row_tiles, height = _row_tile_height(rows, col_tiles)
+    if b_panels and row_tiles == 1 and col_tiles == 1 and isinstance(n, int) and n >= 2 * b_panels:
+        # one tile would leave all threads but one idle (the block's QKV projection, 128 x 192):
+        # two, split at a panel
+        width = (-(-n // b_panels) + 1) // 2 * b_panels
+        col_tiles = -(-n // width)
 
     def tile(p):
         t, c = decompose(lw.known, p, [row_tiles, col_tiles])

@@ -256,3 +256,15 @@ def test_gemm_row_tiles_are_even_for_thread_splits():
     x = rand(1, 3136, 96)
     got = cuvil.compile(linear, threads=2, cache=False)(x)
     torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_gemm_of_one_tile_splits_its_panels_in_two():
+    """The transformer block's QKV projection (128 rows, 192 columns in panels of 16 or 32) fits
+    one tile: it is cut at a panel into two column tiles, so that two threads share it."""
+    import cuvil
+    linear = torch.nn.Linear(64, 192)
+    x = rand(1, 128, 64)
+    fast = cuvil.compile(linear, threads=2, cache=False)
+    torch.testing.assert_close(fast(x), linear(x), rtol=1e-5, atol=1e-5)
+    (kernel,) = [k for k in fast.report.kernels if "linear" in k["name"]]
+    assert re.search(r"parallel for p in 0\.\.2 \{", kernel["kernel_ir"]), kernel["kernel_ir"]
