@@ -7,6 +7,10 @@ only.
 The last `SIZE` imports are kept, and an import no longer than its model: when the model (or
 function) is collected, so is its entry, with the weights it refers to. A model whose tensors pass
 the compiled-model cache's limit (`$CUVIL_MODEL_CACHE_MAX_GIB`) is not kept: the key hashes them.
+
+An import's constants are the model's own tensors, not copies: weights changed in place after the
+import (`p.add_(...)`, `load_state_dict`) change the kept import too, under a key that still
+names the weights before. So a kept import is used only while its tensors still hash to its key.
 """
 from __future__ import annotations
 
@@ -15,12 +19,22 @@ import threading
 import weakref
 from collections import OrderedDict
 
+import torch
+
+from .fingerprint import contents_digest
 from .frontend import ImportResult
 from .model_cache import ModelKey, max_entry_bytes
 
 SIZE = 4
 
-_kept: OrderedDict[tuple[str, str], ImportResult] = OrderedDict()
+
+@dataclasses.dataclass
+class _Kept:
+    imported: ImportResult
+    tensors: list[torch.Tensor]     # what the key's weights digest hashed, which the constants may share
+
+
+_kept: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -38,7 +52,10 @@ def copy_of(call: ModelKey) -> ImportResult | None:
         if kept is None:
             return None
         _kept.move_to_end(key)
-    return dataclasses.replace(kept, module=kept.module.copy())
+    if contents_digest(kept.tensors) != key[1]:     # changed in place since it was kept
+        _drop(key)
+        return None
+    return dataclasses.replace(kept.imported, module=kept.imported.module.copy())
 
 
 def keep(call: ModelKey, model, imported: ImportResult) -> None:
@@ -50,7 +67,7 @@ def keep(call: ModelKey, model, imported: ImportResult) -> None:
         weakref.finalize(model, _drop, key)
     except TypeError:       # an object without weak references: kept until pushed out
         pass
-    kept = dataclasses.replace(imported, module=imported.module.copy())
+    kept = _Kept(dataclasses.replace(imported, module=imported.module.copy()), list(call.tensors))
     with _lock:
         _kept[key] = kept
         while len(_kept) > SIZE:

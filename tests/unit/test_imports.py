@@ -1,6 +1,7 @@
 """Imports kept in the process (cuvil/imports.py): compiling a call imported before, with other
 options, starts from a copy of that import without torch.export; a change to the model, or the
-caches turned off, runs torch.export again; the passes of one compile never reach the kept import."""
+caches turned off, runs torch.export again; the passes of one compile never reach the kept import,
+and neither do weights changed in place after it."""
 import gc
 
 import pytest
@@ -73,6 +74,27 @@ def test_a_changed_model_or_the_caches_off_export_again(monkeypatch):
     compile_with(model, x, cache=False)
     compile_with(model, x, cache=False)
     assert exports == [1, 1, 1, 1]
+
+
+def test_weights_changed_in_place_after_the_import_never_reach_another_model(monkeypatch):
+    """The kept import's constants are the first model's tensors. Changed in place after the
+    import, they no longer match the key the import was kept under, which a second model with
+    the first one's original weights has: it must export again, not compute with the changed
+    weights (it used to, silently)."""
+    torch.manual_seed(0)
+    first, x = Net().eval(), torch.randn(4, 16)
+    compile_with(first, x, cache="objects")
+    with torch.no_grad():
+        first.fc1.weight.add_(1.0)
+    torch.manual_seed(0)
+    second = Net().eval()                   # the first model's weights before the change
+    exports = []
+    real = cuvil.compiled.import_model
+    monkeypatch.setattr(cuvil.compiled, "import_model", lambda *a, **k: exports.append(1) or real(*a, **k))
+    fast = compile_with(second, x, cache="objects", pipeline="O1")
+    assert exports == [1]
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), second(x), rtol=1e-5, atol=1e-6)
 
 
 def test_an_import_is_kept_no_longer_than_its_model():
