@@ -38,6 +38,7 @@ from .codegen.target import Target
 from .compiled import MISS, Guard, NativeCall, fast_path, fast_paths
 from .compiler import shared_entries
 from .errors import CuvilError
+from .frontend import hf_caches
 from .runtime import Kernel, StepTiming, load_module, set_num_threads
 
 FORMAT = "cuvil-saved-model"
@@ -276,6 +277,8 @@ def _dump_out_spec(spec: pytree.TreeSpec) -> dict:
 
 def _load_out_spec(state: dict) -> pytree.TreeSpec:
     names = state.get("structseqs", {})
+    if hf_caches.CACHE_MODULE in state["out_spec"]:       # a decoder's key/value cache
+        hf_caches.register_all_caches()
 
     def restore(node: pytree.TreeSpec, at: int, children: list) -> pytree.TreeSpec:
         typ = getattr(torch.return_types, names[str(at)]) if str(at) in names else node.type

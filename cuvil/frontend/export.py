@@ -23,6 +23,7 @@ from torch.export import Dim
 from ..errors import CuvilError
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
+from .hf_caches import refuse_cache_inputs, register_model_caches
 from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
 from .size_conditions import SizeConditionError, check_size_conditions
@@ -82,6 +83,8 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     hints = _hints_by_name(dynamic, named, values, positional=len(args))
     module = model_or_fn if isinstance(model_or_fn, nn.Module) else as_module(model_or_fn)
     _check_inference_mode(module)
+    refuse_cache_inputs(values)
+    register_model_caches(module)
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
     try:

@@ -5,6 +5,8 @@ passed as keywords into `**kwargs`, string type hints, guards on sizes torch.exp
 prove, nested floor divisions of a dynamic height, a huge pooling window, and depthwise
 convolutions."""
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -181,3 +183,71 @@ def test_models_import_without_run_decompositions(name, monkeypatch):
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", refuse)
     out = cuvil.compile(model, cache=False)(x, **keywords)
     assert_close_to_fp64(model, out[0], x, **keywords)
+
+
+DECODERS = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=100)),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2,
+                                                                         vocab_size=100)),
+}
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_a_decoder_called_the_default_way_returns_its_key_value_cache(name):
+    """`use_cache=True` is a decoder's default: its output holds a DynamicCache, which torch.export
+    could not capture until Cuvil registered transformers' caches. The compiled call's cache holds
+    Cuvil's keys and values, and eager decoding goes on from it."""
+    model = randomize(DECODERS[name]())
+    ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(3))
+    out = cuvil.compile(model, cache=False)(ids)
+    assert isinstance(out.past_key_values, transformers.DynamicCache)
+    assert out.past_key_values.get_seq_length() == 12
+    assert_close_to_fp64(model, out.logits, ids, pick=lambda o: o.logits)
+    for i, layer in enumerate(out.past_key_values.layers):
+        assert_close_to_fp64(model, layer.keys, ids, pick=lambda o, i=i: o.past_key_values.layers[i].keys)
+        assert_close_to_fp64(model, layer.values, ids, pick=lambda o, i=i: o.past_key_values.layers[i].values)
+    nxt = torch.randint(1, 100, (1, 1), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        own = model(ids).past_key_values
+        want = model(nxt, past_key_values=own).logits
+        got = model(nxt, past_key_values=out.past_key_values).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+
+
+def test_a_cache_passed_in_is_refused_or_run_in_eager(tmp_path):
+    """The model appends to a cache it is given, in place; a compiled call would leave the caller's
+    cache as it was, so such a call is refused by name (or, with fallback="eager", run in PyTorch,
+    which updates it). A saved model whose outputs hold a cache loads in a process that has not
+    imported transformers."""
+    model = randomize(DECODERS["llama"]())
+    ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(3))
+    nxt = torch.randint(1, 100, (1, 1), generator=torch.Generator().manual_seed(4))
+    c = cuvil.compile(model)
+    first = c(ids)
+    with pytest.raises(cuvil.CuvilError, match=r"input 'past_key_values' is a DynamicCache.*in place"):
+        c(nxt, past_key_values=first.past_key_values)
+    assert first.past_key_values.get_seq_length() == 12
+
+    lenient = cuvil.compile(model, cache=False, fallback="eager")
+    prompt = lenient(ids)
+    with pytest.warns(UserWarning, match="runs in eager PyTorch: CacheInputError"):
+        step = lenient(nxt, past_key_values=prompt.past_key_values)
+    assert prompt.past_key_values.get_seq_length() == 13         # updated in place, as eager does
+    with torch.no_grad():
+        want = model(nxt, past_key_values=model(ids).past_key_values).logits
+    torch.testing.assert_close(step.logits, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+    assert lenient.num_variants == 1
+
+    c.save(tmp_path / "decoder.cuvil")
+    torch.save({"ids": ids, "logits": first.logits, "keys": first.past_key_values.layers[1].keys},
+               tmp_path / "want.pt")
+    script = ("import sys, torch, cuvil\n"
+              f"want = torch.load({str(tmp_path / 'want.pt')!r})\n"
+              f"out = cuvil.load({str(tmp_path / 'decoder.cuvil')!r})(want['ids'])\n"
+              "assert type(out.past_key_values).__name__ == 'DynamicCache', type(out.past_key_values)\n"
+              "assert torch.equal(out.logits, want['logits'])\n"
+              "assert torch.equal(out.past_key_values.layers[1].keys, want['keys'])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
