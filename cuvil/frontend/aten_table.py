@@ -330,6 +330,16 @@ def gelu(L: Lowering, x, approximate="none"):
     return L.op("cuvil.gelu", x, approximate=approximate)
 
 
+def hardsigmoid(L: Lowering, x):
+    """relu6(x + 3) / 6."""
+    return binary("cuvil.div")(L, clamp(L, binary("cuvil.add")(L, x, 3), 0, 6), 6)
+
+
+def hardswish(L: Lowering, x):
+    """x * relu6(x + 3) / 6, multiplied before the division as torch's kernel does."""
+    return binary("cuvil.div")(L, binary("cuvil.mul")(L, x, clamp(L, binary("cuvil.add")(L, x, 3), 0, 6)), 6)
+
+
 def div_mode(L: Lowering, a, b, rounding_mode=None):
     if rounding_mode is None:
         return binary("cuvil.div", int_to_float=True)(L, a, b)
@@ -507,6 +517,25 @@ def vector_norm(L: Lowering, x, ord=2, dims=None, keepdim=False, dtype=None):
         return L.op("cuvil.sqrt", L.op("cuvil.sum", L.op("cuvil.mul", x, x), dims=axes, keepdim=keep))
     total = L.op("cuvil.sum", binary("cuvil.pow")(L, mag, float(ord)), dims=axes, keepdim=keep)
     return binary("cuvil.pow")(L, total, 1.0 / float(ord))
+
+
+def weight_norm(L: Lowering, v, g, dim=0):
+    """torch's `_weight_norm`: v * (g / the 2-norm of v over every dim but `dim`; -1: over all of v).
+    On a module's weights, fold-constants computes it at compile time."""
+    keep = [] if dim == -1 else [L.axis(dim, v.type.rank)]
+    axes = [a for a in range(v.type.rank) if a not in keep]
+    norm = L.op("cuvil.sqrt", L.op("cuvil.sum", L.op("cuvil.mul", v, v), dims=axes, keepdim=True))
+    return binary("cuvil.mul")(L, v, binary("cuvil.div")(L, g, norm))
+
+
+def repeat_interleave(L: Lowering, x, repeats, dim=None, output_size=None):
+    """Each element repeated `repeats` times in place along `dim` (along the flattened tensor
+    without one): views."""
+    if not isinstance(repeats, int):
+        L.unsupported("a repeat count that is not a constant")
+    if dim is None:
+        x, dim = _flat(L, x), 0
+    return _repeat_each(L, x, L.axis(dim, x.type.rank), repeats)
 
 
 def repeat(L: Lowering, x, repeats):
@@ -1142,6 +1171,8 @@ ATEN_TABLE = {
     aten.round.default: unary("cuvil.round"),
     aten.sign.default: unary("cuvil.sign"),
     aten.gelu.default: gelu,
+    aten.hardsigmoid.default: hardsigmoid,
+    aten.hardswish.default: hardswish,
     aten.clamp.default: clamp,
     aten.clamp.Tensor: clamp_tensor,
     aten.isnan.default: lambda L, x: binary("cuvil.ne")(L, x, x),
@@ -1162,6 +1193,7 @@ ATEN_TABLE = {
     aten.sub.Scalar: scaled("cuvil.sub"),
     aten.rsub.Scalar: rsub,
     aten.mul.Tensor: binary("cuvil.mul"),
+    aten.multiply.Tensor: binary("cuvil.mul"),
     aten.mul.Scalar: binary("cuvil.mul"),
     aten.div.Tensor: binary("cuvil.div", int_to_float=True),
     aten.atan2.default: binary("cuvil.atan2", int_to_float=True),
@@ -1196,6 +1228,7 @@ ATEN_TABLE = {
     aten.bitwise_and.Tensor: logical_or_bitwise("cuvil.logical_and", "cuvil.bitwise_and"),
     aten.__and__.Tensor: logical_or_bitwise("cuvil.logical_and", "cuvil.bitwise_and"),
     aten.bitwise_or.Tensor: logical_or_bitwise("cuvil.logical_or", "cuvil.bitwise_or"),
+    aten.__or__.Tensor: logical_or_bitwise("cuvil.logical_or", "cuvil.bitwise_or"),
     aten.where.self: where,
     aten.where.ScalarSelf: where,
     aten.where.ScalarOther: where,
@@ -1281,11 +1314,13 @@ ATEN_TABLE = {
     aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,
     aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
     aten.embedding.default: embedding,
+    aten._weight_norm.default: weight_norm,
     aten.scaled_dot_product_attention.default: sdpa,
     # shapes, views, indexing
     aten.view.default: reshape,
     aten._unsafe_view.default: reshape,
     aten.reshape.default: reshape,
+    aten.reshape_as.default: reshape,
     aten.flatten.using_ints: reshape,
     aten.expand.default: expand,
     aten.copy.default: copy,
@@ -1298,6 +1333,7 @@ ATEN_TABLE = {
     aten.select.int: select,
     aten.split_with_sizes.default: split,
     aten.split.Tensor: split,
+    aten.chunk.default: split,
     aten.cat.default: cat,
     aten.pad.default: pad,
     aten.flip.default: flip,
@@ -1305,6 +1341,7 @@ ATEN_TABLE = {
     aten.unfold.default: unfold,
     aten.roll.default: roll,
     aten.repeat.default: repeat,
+    aten.repeat_interleave.self_int: repeat_interleave,
     aten.constant_pad_nd.default: lambda L, x, pads, value=0: pad(L, x, pads, "constant", value),
     aten.unsqueeze.default: unsqueeze,
     aten.squeeze.default: squeeze,

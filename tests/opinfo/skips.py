@@ -54,6 +54,8 @@ REFUSALS: list[Refusal] = [
     Refusal("nn.functional.max_pool2d", r"indices output of max_pool2d_with_indices", POOL_INDICES),
     Refusal("nn.functional.adaptive_max_pool2d", r"indices output of adaptive_max_pool2d", POOL_INDICES),
     Refusal("nn.functional.max_pool3d", r"indices output of max_pool3d_with_indices", POOL_INDICES),
+    Refusal("repeat_interleave", r"unsupported op 'aten\.repeat_interleave\.Tensor'", "repeats given as a tensor: "
+            "the output's size depends on its values, a shape no static or symbolic size describes"),
     Refusal("nn.functional.scaled_dot_product_attention", r"dropout_p=", "dropout_p > 0 is random (training); "
             "inference attention needs dropout_p=0"),
 ]
@@ -91,6 +93,17 @@ UNMAPPED: dict[str, str] = {
     "aten.__and__.Tensor": "OpInfo's `&` samples (__rand__) export as aten.bitwise_and.Tensor; "
                            + _ZOO.format("the `&` of BERT's and GPT2's attention masks"),
     "aten.to.device": _ZOO.format("BERT's attention-mask `.to(device)`"),
+    "aten.clamp.default": "OpInfo's clamp samples bound by tensors (aten.clamp.Tensor), and hardsigmoid and hardswish, "
+                          "which decomposed to it, have rows of their own; tests/unit/test_frontend_ops.py::"
+                          "test_elementwise compiles x.clamp(-0.5, 0.5) and x.clamp(min=0.1) against eager",
+    "aten.__or__.Tensor": "OpInfo's `|` samples (__ror__) export as aten.bitwise_or.Tensor; "
+                          + _ZOO.format("Funnel's attention-mask `|`"),
+    "aten.multiply.Tensor": "no OpInfo is named multiply (mul's export as aten.mul.Tensor); "
+                            + _ZOO.format("ConvBERT's `torch.multiply`"),
+    "aten.reshape_as.default": "OpInfo's reshape_as samples export as aten.view.default; "
+                               + _ZOO.format("LeViT's `reshape_as`"),
+    "aten._weight_norm.default": "no OpInfo for weight_norm; " + _ZOO.format("wav2vec2's and HuBERT's positional "
+                                                                            "convolution (torch.nn.utils.weight_norm)"),
     "aten.to.dtype_layout": _ZOO.format("BERT's and GPT2's mask `.to(dtype=...)`"),
     "aten.clamp_max.default": "OpInfo's clamp_max samples bound by tensors, which export as aten.clamp.Tensor "
                               "(no row), and no OpInfo decomposes to the scalar form",
