@@ -671,6 +671,82 @@ def matmul(L: Lowering, a, b):
     return gemm_op(L, "cuvil.matmul", a, b)
 
 
+def einsum(L: Lowering, equation: str, operands, path=None):
+    """torch.einsum as products of two operands at a time, left to right, as torch's own einsum
+    computes it: letters that one operand has and nothing later needs are summed out first; then
+    the pair is permuted to [batch, free, contracted] and [batch, contracted, free], each run of
+    letters merged into one dim, and multiplied as one batched matmul (views around one product).
+    A letter repeated within one operand (a diagonal) is refused."""
+    terms, out = _einsum_subscripts(L, equation, operands)
+    cur, letters = operands[0], terms[0]
+    for k in range(1, len(operands)):
+        after = set(out).union(*terms[k + 1:])      # the letters needed once this pair is multiplied
+        cur, letters = _sum_out(L, cur, letters, after | set(terms[k]))
+        other, other_letters = _sum_out(L, operands[k], terms[k], after | set(letters))
+        cur, letters = _einsum_pair(L, cur, letters, other, other_letters, after)
+    cur, letters = _sum_out(L, cur, letters, set(out))
+    return _permuted(L, cur, [letters.index(c) for c in out])
+
+
+def _einsum_subscripts(L: Lowering, equation: str, operands) -> tuple[list[str], str]:
+    """Each operand's letters and the output's, an ellipsis spelled out as letters of its own
+    (right-aligned across operands, as torch broadcasts them)."""
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    widths = [x.type.rank - len(t.replace("...", "")) for t, x in zip(terms, operands)]
+    ellipsis = "".join(chr(0x100 + i) for i in range(max([w for t, w in zip(terms, widths) if "..." in t], default=0)))
+    terms = [t.replace("...", ellipsis[len(ellipsis) - w:]) for t, w in zip(terms, widths)]
+    if arrow:
+        out = rhs.replace("...", ellipsis)
+    else:       # torch's implicit output: the ellipsis, then the letters used once, sorted
+        once = [c for c in set("".join(terms)) if c not in ellipsis and "".join(terms).count(c) == 1]
+        out = ellipsis + "".join(sorted(once))
+    for t in terms:
+        if len(set(t)) != len(t):
+            L.unsupported(f"einsum '{equation}': a subscript repeated within one operand (a diagonal)")
+    return terms, out
+
+
+def _sum_out(L: Lowering, x, letters: str, keep: set) -> tuple:
+    gone = [i for i, c in enumerate(letters) if c not in keep]
+    if not gone:
+        return x, letters
+    return L.op("cuvil.sum", x, dims=gone, keepdim=False), "".join(c for c in letters if c in keep)
+
+
+def _einsum_pair(L: Lowering, a, a_letters: str, b, b_letters: str, keep: set) -> tuple:
+    batch = [c for c in a_letters if c in b_letters and c in keep]
+    summed = [c for c in a_letters if c in b_letters and c not in keep]
+    left = [c for c in a_letters if c not in b_letters]
+    right = [c for c in b_letters if c not in a_letters]
+    size_a = dict(zip(a_letters, a.type.shape))
+    size_b = dict(zip(b_letters, b.type.shape))
+    if not all(dims_equal(size_a[c], size_b[c]) for c in summed):
+        L.unsupported("einsum over a summed subscript whose sizes differ between operands (broadcast)")
+    a = _permuted(L, a, [a_letters.index(c) for c in batch + left + summed])
+    b = _permuted(L, b, [b_letters.index(c) for c in batch + summed + right])
+    a = _reshaped(L, a, [size_a[c] for c in batch] + [_product(size_a, left), _product(size_a, summed)])
+    b = _reshaped(L, b, [size_b[c] for c in batch] + [_product(size_b, summed), _product(size_b, right)])
+    batch_sizes = [size_b[c] if size_a[c] == 1 else size_a[c] for c in batch]     # broadcast
+    product = _reshaped(L, matmul(L, a, b), batch_sizes + [size_a[c] for c in left] + [size_b[c] for c in right])
+    return product, "".join(batch + left + right)
+
+
+def _product(sizes: dict, letters) -> int:
+    total = 1
+    for c in letters:
+        total = total * sizes[c]
+    return norm_dim(total)
+
+
+def _permuted(L: Lowering, x, perm: list[int]):
+    return x if perm == sorted(perm) else L.op("cuvil.permute", x, perm=perm)
+
+
+def _reshaped(L: Lowering, x, shape: list):
+    return x if list(x.type.shape) == shape else L.op("cuvil.reshape", x, shape=shape)
+
+
 def addmm(L: Lowering, bias, a, b, beta=1, alpha=1):
     """bias*beta + (a @ b)*alpha; the plain case (1-d bias, beta = alpha = 1) is a linear."""
     if beta == 1 and alpha == 1 and bias.type.rank == 1:
@@ -1287,6 +1363,7 @@ ATEN_TABLE = {
     aten.matmul.default: matmul,
     aten.mm.default: matmul,
     aten.bmm.default: matmul,
+    aten.einsum.default: einsum,
     aten.addmm.default: addmm,
     aten.conv1d.default: conv1d,
     aten.conv2d.default: conv2d,

@@ -170,6 +170,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.matmul.default": ["matmul"],
     "aten.mm.default": ["mm"],
     "aten.bmm.default": ["bmm"],
+    "aten.einsum.default": ["einsum"],
     "aten.addmm.default": ["addmm"],
     "aten.conv1d.default": ["nn.functional.conv1d"],
     "aten.conv2d.default": ["nn.functional.conv2d"],

@@ -138,6 +138,41 @@ def test_ops_imported_without_decompositions():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
+EINSUMS = [("bind,bjnd->bnij", [(2, 5, 3, 4), (2, 6, 3, 4)]),      # Funnel's attention scores
+           ("td,dnh->tnh", [(7, 8), (8, 3, 4)]), ("ij->ji", [(3, 4)]), ("ij->i", [(3, 4)]), ("ij,jk", [(3, 4), (4, 5)]),
+           ("...ij,...jk->...ik", [(2, 3, 4), (4, 5)]), ("i,i->", [(5,), (5,)]), ("i,j->ij", [(3,), (4,)]),
+           ("bij,bjk,bkl->bil", [(2, 3, 4), (2, 4, 5), (2, 5, 6)]), ("ijk->", [(2, 3, 4)]),
+           ("b i d, b j d -> b i j", [(2, 3, 4), (2, 5, 4)]), ("bij,jk->bik", [(1, 3, 4), (4, 5)]),
+           ("aij,bjk->abik", [(2, 3, 4), (3, 4, 5)]), ("bij,bjk->bik", [(1, 3, 4), (2, 4, 5)])]
+
+
+@pytest.mark.parametrize("equation,shapes", EINSUMS, ids=[e for e, _ in EINSUMS])
+def test_einsum_imports_as_batched_products(equation, shapes):
+    """Implicit outputs, ellipses, spaces, sums over one operand's letters, outer products, three
+    operands and broadcast batch letters, against eager, with no `run_decompositions`."""
+    from cuvil.frontend.export import capture, needs_decomposition
+    g = torch.Generator().manual_seed(len(equation))
+    xs = [torch.randn(s, generator=g) for s in shapes]
+
+    def f(*xs):
+        return torch.einsum(equation, *xs)
+    assert not needs_decomposition(capture(f, tuple(xs)).program)
+    torch.testing.assert_close(cuvil.compile(f, cache=False)(*xs), f(*xs), rtol=0, atol=2e-6)
+
+
+def test_einsum_with_a_dynamic_length_and_a_diagonal_refused():
+    def scores(q, k):
+        return torch.einsum("bhqd,bhkd->bhqk", q, k)
+    c = cuvil.compile(scores, dynamic=[{2: "q"}, {2: "k"}], cache=False)
+    g = torch.Generator().manual_seed(0)
+    for n, m in ((5, 7), (9, 3)):
+        q, k = torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, m, 8, generator=g)
+        torch.testing.assert_close(c(q, k), scores(q, k), rtol=0, atol=2e-6)
+    assert c.num_variants == 1
+    with pytest.raises(CuvilError, match=r"einsum 'ii->i': a subscript repeated within one operand \(a diagonal\)"):
+        cuvil.compile(lambda x: torch.einsum("ii->i", x), cache=False)(torch.randn(3, 3))
+
+
 def test_a_max_of_sizes_is_the_argument_the_ranges_decide():
     """torch's sym_max / sym_min (`max(0, n - s)` in MPT's attention bias) become the argument that
     is the larger (smaller) over the symbols' ranges; a Max they do not decide is a clear refusal."""
