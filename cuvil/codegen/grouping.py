@@ -22,9 +22,10 @@ Grouping = Callable[[Function], "list[list[Operation]]"]
 GROUP_ATTR = "fuse.group"
 
 
-def rematerialize(fn: Function, ops: list[Operation]) -> list[Operation]:
+def rematerialize(fn: Function, ops: list[Operation], order: dict[int, int] | None = None) -> list[Operation]:
     """`ops` plus the views and inline constants they read (transitively, through the operands the
-    kernel computes rather than loads), in program order."""
+    kernel computes rather than loads), in program order (`order`: `program_order(fn)`, which
+    callers that ask many times pass in: building it per call made fusing LeViT's 800 ops quadratic)."""
     ids = {id(op) for op in ops}
     out = list(ops)
     frontier = [v for op in ops for v in fusible_operands(op)]
@@ -34,8 +35,13 @@ def rematerialize(fn: Function, ops: list[Operation]) -> list[Operation]:
             ids.add(id(p))
             out.append(p)
             frontier.extend(fusible_operands(p))
-    order = {id(op): i for i, op in enumerate(fn.ops)}
+    order = order or program_order(fn)
     return sorted(out, key=lambda op: order[id(op)])
+
+
+def program_order(fn: Function) -> dict[int, int]:
+    """Each op's position in `fn`, by id."""
+    return {id(op): i for i, op in enumerate(fn.ops)}
 
 
 def kernel_roots(fn: Function) -> list[Operation]:
@@ -69,7 +75,8 @@ def kernel_ops(group: list[Operation]) -> list[Operation]:
 
 def group_single_ops(fn: Function) -> list[list[Operation]]:
     """No fusion: one kernel per op (with the views and constants it reads)."""
-    return [rematerialize(fn, [op]) for op in kernel_roots(fn)]
+    order = program_order(fn)
+    return [rematerialize(fn, [op], order) for op in kernel_roots(fn)]
 
 
 def groups_from_attrs(fn: Function) -> list[list[Operation]]:
@@ -81,9 +88,10 @@ def groups_from_attrs(fn: Function) -> list[list[Operation]]:
         tag = op.attrs.get(GROUP_ATTR)
         if tag is not None:
             tagged.setdefault(tag, []).append(op)
+    order = program_order(fn)
     for tag, core in tagged.items():
         if len(core) > 1:
-            problem = group_legality(fn, rematerialize(fn, core))
+            problem = group_legality(fn, rematerialize(fn, core, order))
             if problem is not None:
                 raise CuvilError(f"fusion group {GROUP_ATTR} = {tag} ({_names(core)}) cannot be one kernel: "
                                  f"{problem.reason} [{problem.rule}]")
@@ -95,13 +103,14 @@ def groups_from_cores(fn: Function, cores: list[list[Operation]]) -> list[list[O
     own: each with what it rematerializes, in run order."""
     grouped = {id(op) for core in cores for op in core}
     singles = [[op] for op in kernel_roots(fn) if id(op) not in grouped]
-    return run_order(fn, [rematerialize(fn, core) for core in [*cores, *singles]])
+    order = program_order(fn)
+    return run_order(fn, [rematerialize(fn, core, order) for core in [*cores, *singles]])
 
 
 def run_order(fn: Function, groups: list[list[Operation]]) -> list[list[Operation]]:
     """`groups` ordered so that each comes after the groups computing what it reads, otherwise by
     its last op's position; groups that read each other (a cycle) raise a CuvilError."""
-    position = {id(op): i for i, op in enumerate(fn.ops)}
+    position = program_order(fn)
     computed_by: dict[int, int] = {}
     for g, ops in enumerate(groups):
         for op in kernel_ops(ops):

@@ -40,6 +40,7 @@ from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, flo
                          modulo, tile_extent)
 from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
+from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands
 from .scalar_ops import call, cast, const
 
 MIN_RUN = 8      # a merged dim's runs shorter than a vector of floats keep one loop
@@ -60,7 +61,6 @@ def _natural(name: str):
 def op_kind(op: Operation) -> str:
     """How the lowering treats an op: inline, elementwise, view, reduction, window, library, or
     unsupported."""
-    from .library import classify
     if op.name in INLINE_OPS:
         return "inline"
     if op.name in REDUCTIONS:
@@ -91,7 +91,6 @@ def fusible_operands(op: Operation) -> list[Value]:
     (read at a data-dependent index, which on-demand recomputation cannot follow), and a copy's
     operand: a copy duplicates a buffer (a value returned twice), and a view it read through would
     be recomputed from a value its own kernel may not have stored."""
-    from .library import gathered_operands
     if op.name == "cuvil.copy":
         return []
     kind = op_kind(op)
@@ -587,7 +586,6 @@ class GroupLowering:
             return self._gather(op, idx)
         if kind == "reduction":
             return self._reduction_value(op, idx)
-        from .library import WINDOW_OPS
         if kind == "window":
             return WINDOW_OPS[op.name](self, op, idx)
         raise CuvilVerifyError(f"group {self.name}: {op.name} must be the root of its group", op)
@@ -732,7 +730,6 @@ class GroupLowering:
 
     # -- building the kernel
     def lower(self) -> LoweredKernel:
-        from .library import LIBRARY
         roots = [op for op in self.ops if op_kind(op) == "library"]
         reductions = [op for op in self.ops if op_kind(op) == "reduction"]
         if all(_is_empty(v.type.shape) for v, _ in self.outputs.values()):

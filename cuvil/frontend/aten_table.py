@@ -247,6 +247,24 @@ def unfold(L: Lowering, x, dim, size, step):
     return L.op("cuvil.unfold", x, dim=L.axis(dim, max(x.type.rank, 1)), size=size, step=step)
 
 
+def im2col(L: Lowering, x, kernel_size, dilation, padding, stride):
+    """F.unfold: each (dilated, strided, zero-padded) kh x kw window of each channel as a column,
+    [N, C * kh * kw, windows]: two sliding-window views of the padded image, the dilated taps
+    picked by strided slices, then one permute and reshape (the only copy)."""
+    if x.type.rank == 3:        # an unbatched image
+        return L.op("cuvil.squeeze", im2col(L, L.op("cuvil.unsqueeze", x, dim=0), kernel_size, dilation, padding,
+                                              stride), dims=[0])
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (pair(v) for v in (kernel_size, dilation, padding, stride))
+    y = pad(L, x, [pw, pw, ph, ph]) if ph or pw else x
+    for dim, k, d, step in ((2, kh, dh, sh), (3, kw, dw, sw)):
+        y = L.op("cuvil.unfold", y, dim=dim, size=(k - 1) * d + 1, step=step)       # taps as a new last dim
+        if d > 1:
+            y = L.op("cuvil.slice", y, dim=y.type.rank - 1, start=[0], end=[(k - 1) * d + 1], step=d)
+    y = L.op("cuvil.permute", y, perm=[0, 1, 4, 5, 2, 3])      # [N, C, kh, kw, OH, OW]
+    n, c, _, _, oh, ow = y.type.shape
+    return L.op("cuvil.reshape", y, shape=[n, norm_dim(sympy.sympify(c) * kh * kw), norm_dim(sympy.sympify(oh) * ow)])
+
+
 def cat(L: Lowering, xs, dim=0):
     dtype = L.out_dtype()
     rank = max(x.type.rank for x in xs)
@@ -1416,6 +1434,7 @@ ATEN_TABLE = {
     aten.flip.default: flip,
     aten.diff.default: diff,
     aten.unfold.default: unfold,
+    aten.im2col.default: im2col,
     aten.roll.default: roll,
     aten.repeat.default: repeat,
     aten.repeat_interleave.self_int: repeat_interleave,

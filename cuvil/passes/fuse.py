@@ -13,7 +13,7 @@ import heapq
 from dataclasses import dataclass
 
 from ..codegen.grouping import (GROUP_ATTR, groups_from_attrs, groups_from_cores, kernel_ops, kernel_roots, live_ops,
-                                rematerialize)
+                                program_order, rematerialize)
 from ..codegen.lower import (INLINE_OPS, REMATERIALIZED, Refusal, fusible_operands, group_legality, needs_memory,
                              op_kind)
 from ..ir.core import Function, Module, Operation
@@ -86,7 +86,7 @@ class Fusion:
 
     def __init__(self, fn: Function, options: FusePass):
         self.fn, self.options = fn, options
-        self.order = {id(op): i for i, op in enumerate(fn.ops)}
+        self.order = program_order(fn)
         self.names = value_names(fn)
         core = kernel_roots(fn)
         self.live = live_ops(fn)        # uses by dead ops (a pipeline without dce keeps them) do not count
@@ -167,7 +167,7 @@ class Fusion:
             return Refusal("disabled", "epilogue=false: nothing is fused into GEMM-based kernels")
         if not self.options.reductions and "reduction" in kinds:
             return Refusal("disabled", "reductions=false: reductions are not fused with other ops")
-        problem = group_legality(self.fn, rematerialize(self.fn, producer.ops + consumer.ops))
+        problem = group_legality(self.fn, rematerialize(self.fn, producer.ops + consumer.ops, self.order))
         if problem is None and len(producer.ops) + len(consumer.ops) > self.options.max_ops:
             return Refusal("max-ops", f"max-ops={self.options.max_ops} reached (the groups have "
                                       f"{len(producer.ops)} + {len(consumer.ops)} ops)")

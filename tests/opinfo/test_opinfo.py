@@ -193,6 +193,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.diff.default": ["diff"],
     "aten.flip.default": ["flip", "fliplr", "flipud"],
     "aten.unfold.default": ["unfold", "unfold_copy"],
+    "aten.im2col.default": ["nn.functional.unfold"],
     "aten.eye.default": ["eye"],
     "aten.eye.m": ["eye"],
     "aten.slice_scatter.default": ["slice_scatter"],

@@ -173,6 +173,24 @@ def test_einsum_with_a_dynamic_length_and_a_diagonal_refused():
         cuvil.compile(lambda x: torch.einsum("ii->i", x), cache=False)(torch.randn(3, 3))
 
 
+UNFOLDS = [((2, 3, 9, 11), dict(kernel_size=3)), ((1, 4, 8, 8), dict(kernel_size=(2, 3), stride=2, padding=1)),
+           ((1, 2, 10, 12), dict(kernel_size=3, dilation=2, padding=(1, 2), stride=(1, 2))),
+           ((3, 7, 7), dict(kernel_size=2)), ((1, 8, 16, 1), dict(kernel_size=(9, 1), padding=(4, 0)))]
+
+
+@pytest.mark.parametrize("shape,options", UNFOLDS, ids=[str(o) for _, o in UNFOLDS])
+def test_unfold_imports_as_window_views(shape, options):
+    """F.unfold (aten.im2col; ConvBERT's span convolution): dilation, stride, padding, an unbatched
+    image, bit-identical to eager, with no `run_decompositions`."""
+    from cuvil.frontend.export import capture, needs_decomposition
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+
+    def f(x):
+        return F.unfold(x, **options)
+    assert not needs_decomposition(capture(f, (x,)).program)
+    assert torch.equal(cuvil.compile(f, cache=False)(x), f(x))
+
+
 def test_a_max_of_sizes_is_the_argument_the_ranges_decide():
     """torch's sym_max / sym_min (`max(0, n - s)` in MPT's attention bias) become the argument that
     is the larger (smaller) over the symbols' ranges; a Max they do not decide is a clear refusal."""
