@@ -73,13 +73,17 @@ class SymbolTable:
     def _extreme(self, args: list, largest: bool):
         """The argument of a Max (Min) that is at least (most) every other one over the ranges of
         the symbols (`max(0, 1 - s)` with s >= 1 is 0), or None where the ranges do not decide it."""
-        spans = [self.span(a) for a in args]
-        if any(s is None for s in spans):
-            return None
-        for k, (a, (lo, hi)) in enumerate(zip(args, spans)):
-            if all((lo >= o_hi) if largest else (hi <= o_lo) for j, (o_lo, o_hi) in enumerate(spans) if j != k):
+        for k, a in enumerate(args):
+            if all(self._never_negative(sympy.sympify(a) - o if largest else o - sympy.sympify(a))
+                   for j, o in enumerate(args) if j != k):
                 return a
         return None
+
+    def _never_negative(self, d) -> bool:
+        """d >= 0 at every point of the ranges (a difference, so that `min(16*s + 16, 32*s + 32)`
+        is decided where the two sizes' own spans overlap)."""
+        span = self.span(norm_dim(d))
+        return span is not None and span[0] >= 0
 
     def _convert(self, e):
         if e.is_Integer:

@@ -206,6 +206,9 @@ def test_a_max_of_sizes_is_the_argument_the_ranges_decide():
     assert table.dim(tfn.Max(0, 128 - s)) == 128 - s0
     assert table.dim(tfn.Max(0, 1 - s)) == 0
     assert table.dim(tfn.Min(s, 200)) == s0
+    # spans that overlap ([32, 2048] and [64, 4096]) but an order that holds at every size
+    assert table.dim(tfn.Min(16 * s + 16, 32 * s + 32)) == 16 * s0 + 16
+    assert table.dim(tfn.Max(16 * s + 16, 32 * s + 32)) == 32 * s0 + 32
     with pytest.raises(CuvilError, match=r"max\(0, 100 - s0\) takes the larger or smaller of sizes"):
         table.dim(tfn.Max(0, 100 - s))
 
