@@ -45,7 +45,7 @@ from .scalar_ops import call, cast, const
 
 MIN_RUN = 8      # a merged dim's runs shorter than a vector of floats keep one loop
 
-INLINE_OPS = frozenset({"cuvil.literal", "cuvil.full", "cuvil.arange"})
+INLINE_OPS = frozenset({"cuvil.literal", "cuvil.size", "cuvil.full", "cuvil.arange"})
 REDUCTIONS = frozenset({"cuvil.sum", "cuvil.mean", "cuvil.amax", "cuvil.amin", "cuvil.prod", "cuvil.var",
                         "cuvil.argmax", "cuvil.argmin", "cuvil.softmax", "cuvil.log_softmax", "cuvil.layer_norm",
                         "cuvil.rms_norm"})
@@ -598,6 +598,8 @@ class GroupLowering:
                 return cast(Index(int(start) + int(step) * sympy.sympify(idx[0])), dtype)
             i = cast(Index(idx[0]), DType.f32)
             return cast(call("add", const(start, DType.f32), call("mul", i, const(step, DType.f32))), dtype)
+        if op.name == "cuvil.size":
+            return cast(Index(op.attrs["size"][0]), dtype)
         return const(op.attrs["value"], dtype)
 
     def _elementwise(self, op: Operation, idx) -> Expr:

@@ -88,6 +88,8 @@ class Lowering:
         return float(value) if dtype.is_float else bool(value) if dtype is DType.bool else int(value)
 
     def literal(self, value, dtype: DType) -> Value:
+        if isinstance(value, sympy.Basic) and dtype is not DType.bool:   # a dynamic size as a value
+            return self.op("cuvil.size", size=[value], dtype=dtype)
         return self.op("cuvil.literal", value=self.scalar(value, dtype), dtype=dtype)
 
     def const(self, c: _Const) -> Value:

@@ -191,6 +191,21 @@ def test_unfold_imports_as_window_views(shape, options):
     assert torch.equal(cuvil.compile(f, cache=False)(x), f(x))
 
 
+def test_a_dynamic_size_used_as_a_tensor_value():
+    """`torch.arange(n) + n`, `x * n` with n a dynamic size (Llama's positions after a cache:
+    `arange(new) + past_length`): a `cuvil.size` value, one program for every n."""
+    def f(x):
+        n = x.shape[0]
+        return x * n + torch.arange(n).unsqueeze(1) + n
+
+    c = cuvil.compile(f, dynamic=[{0: "n"}], cache=False)
+    for n in (3, 7, 12):
+        x = torch.randn(n, 5, generator=torch.Generator().manual_seed(n))
+        torch.testing.assert_close(c(x), f(x), rtol=0, atol=0)
+    assert c.num_variants == 1
+    assert "cuvil.size {size = [s0]" in c.report.input_ir
+
+
 def test_a_max_of_sizes_is_the_argument_the_ranges_decide():
     """torch's sym_max / sym_min (`max(0, n - s)` in MPT's attention bias) become the argument that
     is the larger (smaller) over the symbols' ranges; a Max they do not decide is a clear refusal."""

@@ -596,6 +596,21 @@ def test_arange():
         close(c, np.arange(0.5, 3, 0.25))
 
 
+def test_size():
+    """A size as a rank-0 value (the frontend's `arange(n) + past_length`); one dim, not bool."""
+    TESTED.add("cuvil.size")
+    m = _module_with(lambda b, x: [b("cuvil.size", size=[2 * s0 + 1], dtype=I64),
+                                   b("cuvil.size", size=[s0], dtype=F32)],
+                     [T(F32, s0)], {"s0": (1, 10)})
+    verify(m)
+    assert [str(v.type) for v in m.main.return_op.operands] == ["tensor<i64>", "tensor<f32>"]
+    a, b = interpret(m, torch.zeros(4))
+    assert a.item() == 9 and a.dtype == torch.int64 and b.item() == 4.0
+    for attrs, message in (({"size": [s0, 2], "dtype": I64}, "one dim"), ({"size": [s0], "dtype": BOOL}, "bool")):
+        with pytest.raises(ValueError, match=message):
+            OP_REGISTRY["cuvil.size"].infer([], attrs)
+
+
 def test_return_has_no_results():
     TESTED.add("cuvil.return")
     x = randn(2)

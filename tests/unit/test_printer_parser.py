@@ -67,12 +67,13 @@ cuvil.func @sources() -> (tensor<64x32xf32>, tensor<f32>, tensor<2x3xi64>, tenso
 """
 
 SYMBOLIC_SOURCES = """\
-cuvil.func @"dynamic sources"(%x: tensor<s0x(2*s1)xf32>) -> (tensor<s0x4xf32>, tensor<s1xi64>, tensor<s0x(2*s1)xf32>) attributes {symbols = {s0 = [1, 64], s1 = [2, 9223372036854775807]}} {
+cuvil.func @"dynamic sources"(%x: tensor<s0x(2*s1)xf32>) -> (tensor<s0x4xf32>, tensor<s1xi64>, tensor<s0x(2*s1)xf32>, tensor<i64>) attributes {symbols = {s0 = [1, 64], s1 = [2, 9223372036854775807]}} {
   %0 = cuvil.full {shape = [s0, 4], value = -inf, dtype = f32} : tensor<s0x4xf32>
   %1 = cuvil.arange {end = [s1], dtype = i64} : tensor<s1xi64>
   %2 = cuvil.literal {value = true, dtype = i1} : tensor<i1>
   %3 = cuvil.where %2, %x, %x : (tensor<i1>, tensor<s0x(2*s1)xf32>, tensor<s0x(2*s1)xf32>) -> tensor<s0x(2*s1)xf32>
-  cuvil.return %0, %1, %3 : tensor<s0x4xf32>, tensor<s1xi64>, tensor<s0x(2*s1)xf32>
+  %4 = cuvil.size {size = [1 + s0], dtype = i64} : tensor<i64>
+  cuvil.return %0, %1, %3, %4 : tensor<s0x4xf32>, tensor<s1xi64>, tensor<s0x(2*s1)xf32>, tensor<i64>
 }
 """
 

@@ -1,4 +1,4 @@
-"""Ops without tensor operands (const, literal, full, arange) and the terminator, return."""
+"""Ops without tensor operands (const, literal, size, full, arange) and the terminator, return."""
 from __future__ import annotations
 
 import math
@@ -56,6 +56,27 @@ class LiteralOp(OpDef):
     @staticmethod
     def evaluate(attrs):
         return torch.tensor(attrs["value"], dtype=attrs["dtype"].torch)
+
+
+@register_op
+class SizeOp(OpDef):
+    """A rank-0 tensor holding a size (`size`: one dim, symbolic where the shapes are), used as a
+    value: `torch.arange(n) + past_length` with a dynamic past length."""
+    name = "cuvil.size"
+    attrs = {"size": required("dims"), "dtype": required("dtype")}
+    amp = "follow"
+
+    @staticmethod
+    def infer(types, attrs):
+        if len(attrs["size"]) != 1:
+            raise ValueError(f"cuvil.size holds one dim, got {shape_str(attrs['size'])}")
+        if attrs["dtype"] is DType.bool:
+            raise ValueError("cuvil.size cannot be bool")
+        return [TensorType(attrs["dtype"], ())]
+
+    @staticmethod
+    def evaluate(attrs):
+        return torch.tensor(attrs["size"][0], dtype=attrs["dtype"].torch)
 
 
 @register_op
