@@ -57,3 +57,4 @@ bench: venv
 	$(PY) -m benchmarks.gemm_efficiency
 	$(PY) -m benchmarks.explorer_cell
 	$(PY) -m benchmarks.compile_time
+	$(PY) -m benchmarks.decode

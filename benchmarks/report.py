@@ -213,7 +213,9 @@ def render_markdown(results: dict) -> str:
         "Eager: its first call. Inductor: `torch.compile` + first call with an empty cache. ORT: ONNX export "
         "+ session creation + first call. Cuvil: `cuvil.compile` + first call. The breakdown is in the JSON.",
         "", *compiles, "",
-        "One-off process start-up, not counted above: " + (", ".join(startups) or "none over 0.5 s") + "."
+        "One-off process start-up, not counted above (Inductor and Cuvil: the imports and a trivial compile "
+        "with no cache, which every later compile of the process is spared): "
+        + (", ".join(startups) or "none over 0.5 s") + "."
         + (f" ONNX exporter used: {', '.join(exporters)}." if exporters else ""),
         "", "## Two Python threads sharing one compiled model", "", *_serving(results, notes),
     ]

@@ -45,6 +45,7 @@ from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
 from .frontend.export import auto_hints, input_names
+from .frontend.hf_caches import static_new_tokens, write_back
 from . import imports
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
 from .passes import Pipeline
@@ -498,7 +499,7 @@ class CompiledModel:
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
-                return v.run(*hit)
+                return write_back(args, kwargs, v.run(*hit))
         variant = self._compile_for(args, kwargs) if self._fallback_reason is None else None
         if variant is None:
             return self.target(*args, **kwargs)
@@ -506,7 +507,7 @@ class CompiledModel:
         if hit is None:
             raise CuvilError("internal error: a variant compiled for this call does not accept it: "
                              + "; ".join(m.text for m in variant.guard.mismatches(args, kwargs)))
-        return variant.run(*hit)
+        return write_back(args, kwargs, variant.run(*hit))
 
     def _canonical(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """One form per call, one variant: keyword arguments of leading parameters passed
@@ -514,11 +515,7 @@ class CompiledModel:
         `_as_example` gives torch.export (and so the form the guard's input structure has)."""
         if self._signature is None:
             self._signature = inspect.signature(self._forward())
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise CuvilError(f"the call does not match {self._name()}'s signature: {e}") from None
-        return (bound.args, {}) if not bound.kwargs else ((), _flat_arguments(bound))
+        return canonical_call(self._signature, args, kwargs, f"{self._name()}'s signature")
 
     def save(self, path) -> None:
         """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,
@@ -830,7 +827,7 @@ class CompiledModel:
                 for axis, dim in axes.items():
                     if isinstance(x, torch.Tensor) and -x.dim() <= axis < x.dim():
                         out.setdefault(name, {})[axis % x.dim()] = dim
-        return out
+        return static_new_tokens(values, out)
 
     def _param_names(self, args: tuple, kwargs: dict) -> set[str]:
         return set(_named(self._forward(), _as_example(self._forward(), args, kwargs)))
@@ -884,6 +881,15 @@ def _as_example(fn: Callable, args: tuple, kwargs: dict):
         raise CuvilError("cuvil.compile: keyword arguments together with a *args parameter are not "
                          "supported; pass the inputs positionally")
     return _flat_arguments(bound)
+
+
+def canonical_call(signature: inspect.Signature, args: tuple, kwargs: dict, what: str) -> tuple[tuple, dict]:
+    """A call with keywords in the one form its variant's guard has (`CompiledModel._canonical`)."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise CuvilError(f"the call does not match {what}: {e}") from None
+    return (bound.args, {}) if not bound.kwargs else ((), _flat_arguments(bound))
 
 
 def _flat_arguments(bound: inspect.BoundArguments) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import torch.utils._pytree as pytree
 from . import __version__, _native
 from .codegen.jit import library_symbols, link_objects
 from .codegen.target import Target
-from .compiled import MISS, Guard, NativeCall, fast_path, fast_paths
+from .compiled import MISS, Guard, NativeCall, canonical_call, fast_path, fast_paths
 from .compiler import shared_entries
 from .errors import CuvilError
 from .frontend import hf_caches
@@ -175,7 +175,7 @@ class SavedModel:
                 if (out := fast(args)) is not MISS:
                     return out
         variant, (tensors, symbols) = self._match(args, kwargs)
-        return variant.call(tensors, symbols)
+        return hf_caches.write_back(args, kwargs, variant.call(tensors, symbols))
 
     def profile(self, *args, **kwargs):
         """Run once, recording every kernel call: (outputs, [StepTiming]), as `CompiledModel.profile`."""
@@ -185,11 +185,7 @@ class SavedModel:
     def _match(self, args: tuple, kwargs: dict):
         """The variant that accepts the call, and its (input tensors, symbol values)."""
         if kwargs and self._signature is not None:
-            try:
-                bound = self._signature.bind(*args, **kwargs)
-            except TypeError as e:
-                raise CuvilError(f"the call does not match the saved model's signature: {e}") from None
-            args, kwargs = bound.args, bound.kwargs
+            args, kwargs = canonical_call(self._signature, args, kwargs, "the saved model's signature")
         for v in self.variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
@@ -252,6 +248,8 @@ def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:
         engine = _native.Engine(module, description)
     except _native.ProgramError as e:
         raise CuvilError(f"{path}: the saved program is invalid: {e}") from None
+    if hf_caches.CACHE_MODULE in state["out_spec"] + state["guard"]["in_spec"]:     # a decoder's key/value cache
+        hf_caches.register_all_caches()
     try:
         out_spec = _load_out_spec(state)
     except Exception as e:
@@ -277,8 +275,6 @@ def _dump_out_spec(spec: pytree.TreeSpec) -> dict:
 
 def _load_out_spec(state: dict) -> pytree.TreeSpec:
     names = state.get("structseqs", {})
-    if hf_caches.CACHE_MODULE in state["out_spec"]:       # a decoder's key/value cache
-        hf_caches.register_all_caches()
 
     def restore(node: pytree.TreeSpec, at: int, children: list) -> pytree.TreeSpec:
         typ = getattr(torch.return_types, names[str(at)]) if str(at) in names else node.type

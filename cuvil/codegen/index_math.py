@@ -110,3 +110,28 @@ def decompose(known: Bounds, flat, shape) -> list:
         q = flat if stride == 1 else floor_div(flat, stride, known)
         out.append(q if k == 0 else modulo(q, d, known))
     return out
+
+
+def reshape_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
+    """A reshape's dims in groups of equal size, in order: (operand dims, result dims), each a
+    run of adjacent dims that merge or split into the other's (`[2, 2, s + 1, 32] -> [4, s + 1,
+    32]` is ([0, 1], [0]), ([2], [1]), ([3], [2])); size-1 dims are in none. Where the sizes do
+    not pair up so (a ratio not known to be whole), one group of all the dims."""
+    ins = [k for k, d in enumerate(in_shape) if d != 1]
+    outs = [k for k, d in enumerate(out_shape) if d != 1]
+    groups, i, j = [], 0, 0
+    while i < len(ins) and j < len(outs):
+        gi, gj = [ins[i]], [outs[j]]
+        pi, pj = sympy.sympify(in_shape[ins[i]]), sympy.sympify(out_shape[outs[j]])
+        i, j = i + 1, j + 1
+        while sympy.expand(pi - pj) != 0:
+            if sympy.cancel(pj / pi).is_integer and i < len(ins):
+                gi.append(ins[i])
+                pi, i = pi * in_shape[ins[i]], i + 1
+            elif sympy.cancel(pi / pj).is_integer and j < len(outs):
+                gj.append(outs[j])
+                pj, j = pj * out_shape[outs[j]], j + 1
+            else:
+                return [(ins, outs)]
+        groups.append((gi, gj))
+    return groups if i == len(ins) and j == len(outs) else [(ins, outs)]

@@ -37,7 +37,7 @@ from ..ir.ops.common import is_one
 from ..ir.types import DType, dim_str, dims_equal, norm_dim
 from . import scalar_ops
 from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, floor_div, index_max, index_min,
-                         modulo, tile_extent)
+                         modulo, reshape_groups, tile_extent)
 from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands
@@ -629,17 +629,21 @@ class GroupLowering:
         return self.value(op.operands[0], operand_idx)
 
     def reshape_index(self, in_shape, out_shape, idx) -> list:
-        """The operand index of a reshape: linearise, then split by the operand's strides."""
-        strides, acc = [], sympy.Integer(1)
-        for d in reversed(out_shape):
-            strides.append(acc)
-            acc = acc * d
-        linear = sum((sympy.sympify(i) * s for i, s in zip(idx, reversed(strides))), sympy.Integer(0))
-        out, acc = [], sympy.Integer(1)
-        for d in reversed(in_shape):
-            out.append(sympy.Integer(0) if is_one(d) else modulo(floor_div(linear, acc, self.known), d, self.known))
-            acc = acc * d
-        return list(reversed(out))
+        """The operand index of a reshape, group by group: dims that merge or split into each other
+        (`reshape_groups`) are linearised and split by the operand's strides within their group
+        only, and a dim kept whole passes its index through. One group of all the dims where they
+        do not pair up (sizes whose ratio is not known to be whole)."""
+        out = [sympy.Integer(0)] * len(in_shape)
+        for ins, outs in reshape_groups(in_shape, out_shape):
+            linear, acc = sympy.Integer(0), sympy.Integer(1)
+            for k in reversed(outs):
+                linear, acc = linear + sympy.sympify(idx[k]) * acc, acc * out_shape[k]
+            acc = sympy.Integer(1)
+            for pos, k in enumerate(reversed(ins)):
+                q = linear if acc == 1 else floor_div(linear, acc, self.known)
+                out[k] = q if pos == len(ins) - 1 else modulo(q, in_shape[k], self.known)
+                acc = acc * in_shape[k]
+        return out
 
     def _cat(self, op: Operation, idx) -> Expr:
         d = op.attrs["dim"]

@@ -23,7 +23,8 @@ from torch.export import Dim
 from ..errors import CuvilError
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
-from .hf_caches import refuse_cache_inputs, register_model_caches
+from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, register_model_caches,
+                        returns_each_cache, spans_past_and_new, static_new_tokens)
 from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
 from .size_conditions import SizeConditionError, check_size_conditions
@@ -83,42 +84,56 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     hints = _hints_by_name(dynamic, named, values, positional=len(args))
     module = model_or_fn if isinstance(model_or_fn, nn.Module) else as_module(model_or_fn)
     _check_inference_mode(module)
-    refuse_cache_inputs(values)
+    caches = cache_inputs(values)
+    spans = spans_past_and_new(values, cache_length(next(iter(caches.values())))) if caches else {}
+    hints = static_new_tokens(values, hints)
     register_model_caches(module)
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
+    sizes.update({PAST: cache_length(c) for c in caches.values()})
     try:
-        ep = _export(module, args, kwargs, named, hints, ranges, sizes)
+        ep = _export(module, args, kwargs, named, hints, ranges, sizes, caches, spans)
     except CuvilExportError as e:
         # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
         # (BERT's positions end at 512), take the range torch suggests if the example lies in it
         fixes = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges}
         if not fixes or not all(lo <= sizes[d] <= hi for d, (lo, hi) in fixes.items()):
             raise
-        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes)
+        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, caches, spans)
+    returns_each_cache(ep.call_spec.out_spec, caches)
     return Captured(ep, hints)
 
 
 def _export(module, args, kwargs, named: list[str], hints: Hints, ranges,
-            sizes: dict[str, int]) -> torch.export.ExportedProgram:
+            sizes: dict[str, int], caches: dict, spans: dict) -> torch.export.ExportedProgram:
     dims = _make_dims(hints, ranges)
     specs = {name: {ax: dims[d] for ax, d in h.items()} for name, h in hints.items()}
+    if caches:
+        past = Dim(PAST, min=ranges.get(PAST, DEFAULT_RANGE)[0], max=ranges.get(PAST, DEFAULT_RANGE)[1])
+        specs.update({name: cache_dynamic_shapes(c, past) for name, c in caches.items()})
+        for name, axes in spans.items():
+            specs[name] = {**{ax: past + new for ax, new in axes.items()}, **specs.get(name, {})}
     shapes = {n: specs.get(n) for n in named} if kwargs else tuple(specs.get(n) for n in named)
     if kwargs and specs:
         module = _keywords_as_parameters(module, named)
     export = functools.partial(torch.export.export, module, args, kwargs, dynamic_shapes=shapes if specs else None)
     try:
         with torch.no_grad():
-            try:
-                ep = export()
-            except Exception as e:
-                if not _unprovable_guards(e):
-                    raise
-                # guards on sizes that are not bounds (wav2vec2's `1 % (n//20 - 1) != 0`), which torch's
-                # solver could not prove over the range: export again with them as `_assert_scalar`
-                # nodes, and decide them at every size (size_conditions.py)
+            # guards on sizes that are not bounds (wav2vec2's `1 % (n//20 - 1) != 0`), which torch's
+            # solver cannot prove over the range, fail the export: export again with them as
+            # `_assert_scalar` nodes, and decide them at every size (size_conditions.py). HF's mask
+            # sizes with a cache passed in make such guards: those exports defer them at once.
+            deferred = bool(caches)
+            if not deferred:
+                try:
+                    ep = export()
+                except Exception as e:
+                    if not _unprovable_guards(e):
+                        raise
+                    deferred = True
+            if deferred:
                 ep = export(prefer_deferred_runtime_asserts_over_guards=True)
-                check_size_conditions(ep, _dim_names(ep, hints), sizes)
+                check_size_conditions(ep, _dim_names(ep, hints, caches), sizes)
             if functionalize_local_inplace(ep.graph):
                 ep.graph_module.recompile()
             if needs_decomposition(ep):
@@ -153,15 +168,20 @@ def _keywords_as_parameters(module: nn.Module, names: list[str]) -> nn.Module:
     return wrapper
 
 
-def _dim_names(ep: torch.export.ExportedProgram, hints: Hints) -> dict:
-    """torch's symbol for each dynamic input dim -> the user's name for it."""
+def _dim_names(ep: torch.export.ExportedProgram, hints: Hints, caches: Container[str] = ()) -> dict:
+    """torch's symbol for each dynamic input dim -> the user's name for it (`PAST` for the length
+    of a cache input's keys and values, placeholders named after the input)."""
     out = {}
     for node in ep.graph.nodes:
-        if node.op == "placeholder" and node.name in hints and isinstance(node.meta.get("val"), torch.Tensor):
-            for ax, d in hints[node.name].items():
-                size = node.meta["val"].shape[ax]
-                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-                    out[size.node.expr] = str(d)
+        if node.op != "placeholder" or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        axes = hints.get(node.name, {})
+        if not axes and node.meta["val"].dim() == 4 and any(node.name.startswith(f"{c}_") for c in caches):
+            axes = {2: PAST}
+        for ax, d in axes.items():
+            size = node.meta["val"].shape[ax]
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                out[size.node.expr] = str(d)
     return out
 
 

@@ -9,14 +9,20 @@ classes, and the compiled call returns a real cache built around Cuvil's outputs
 transformers can go on decoding from. Loading a saved model whose outputs hold a cache registers
 them too (the output structure names the class).
 
-A cache passed *in* is refused: the model appends the new token's keys and values to it in
-place, and a compiled call returns new tensors instead, so the caller's cache would silently keep
-the old ones.
+A cache passed *in* (a decoding step) compiles: each `DynamicLayer`'s keys and values have one
+dynamic length, `past`, shared by every layer, so one program serves every step; an input that
+spans the past and the new tokens (an attention mask) gets the size `past` + new tokens. The
+model appends the step's keys and values to the cache it is given, in place, while a compiled
+call returns new tensors: `write_back` moves them into the caller's cache, and the output holds
+the caller's object, as in eager PyTorch. Other caches (a sliding window's layers count the tokens
+seen, a static cache writes into fixed buffers) are refused by name.
 """
 from __future__ import annotations
 
 import sys
 
+import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import CuvilError
@@ -25,7 +31,8 @@ CACHE_MODULE = "transformers.cache_utils"
 
 
 class CacheInputError(CuvilError):
-    """A transformers cache among a call's inputs (see the module's docstring)."""
+    """A transformers cache among a call's inputs that Cuvil cannot compile with (see the module's
+    docstring)."""
 
 
 def register_model_caches(module: nn.Module) -> None:
@@ -52,15 +59,120 @@ def register_all_caches() -> None:
         todo += cls.__subclasses__()
 
 
-def refuse_cache_inputs(values: dict) -> None:
-    """Raise `CacheInputError` for the first input (by parameter name) that holds a cache."""
+PAST = "past"      # the dynamic dim of a cache's keys and values: the tokens before this call's
+
+
+def cache_inputs(values: dict) -> dict:
+    """The inputs (by parameter name) that are a transformers cache Cuvil compiles with: a
+    `DynamicCache` of full-attention layers, its length the dynamic dim `PAST`. Raises
+    `CacheInputError` for any other cache among them."""
+    found = {}
     for name, value in values.items():
-        if _holds(value):
+        if not _holds(value):
+            continue
+        if not _growing_cache(value):
+            layers = sorted({type(layer).__name__ for layer in getattr(value, "layers", ())})
+            what = f"a {type(value).__name__}" + (f" of {', '.join(layers)} layers" if layers else "")
             raise CacheInputError(
-                f"input '{name}' is a {type(value).__name__} (or holds one): the model updates a cache it is "
-                f"given in place (it appends the new keys and values), which a compiled call cannot do. "
-                f"Compile the calls without one (the prompt: its outputs hold the cache to decode from), "
-                f"or pass fallback='eager' to run the calls that have one in PyTorch")
+                f"input '{name}' is {what}, which Cuvil does not compile with: only a DynamicCache whose "
+                f"layers are all DynamicLayer (full attention, holding keys and values) is supported. The model "
+                f"updates the cache it is given in place; Cuvil writes the keys and values a call returns back "
+                f"into a DynamicLayer, but other layers keep more state (a window's position, a fixed buffer). "
+                f"Pass fallback='eager' to run the calls with this cache in PyTorch")
+        found[name] = value
+    return found
+
+
+def _growing_cache(value) -> bool:
+    from transformers.cache_utils import DynamicLayer
+    return _is_dynamic_cache(value) and bool(value.layers) and all(
+        type(layer) is DynamicLayer and layer.is_initialized for layer in value.layers)
+
+
+def cache_length(cache) -> int:
+    return cache.layers[0].keys.shape[-2]
+
+
+def new_tokens_axis(values: dict) -> tuple[str, int] | None:
+    """Where a call counts its new tokens: `input_ids`' last axis or `inputs_embeds`' second."""
+    ids, embeds = values.get("input_ids"), values.get("inputs_embeds")
+    if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
+        return "input_ids", ids.dim() - 1
+    if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
+        return "inputs_embeds", 1
+    return None
+
+
+def spans_past_and_new(values: dict, past: int) -> dict[str, dict[int, int]]:
+    """Axes of the other tensor inputs that span the cache and this call's new tokens (an attention
+    mask over both), whose size is then `past` + the new tokens: {input name: {axis: new tokens}}."""
+    where = new_tokens_axis(values)
+    if where is None:
+        return {}
+    new = values[where[0]].shape[where[1]]
+    return {name: axes for name, x in values.items() if isinstance(x, torch.Tensor) and name != where[0]
+            if (axes := {axis: new for axis, n in enumerate(x.shape) if n == past + new})}
+
+
+def static_new_tokens(values: dict, hints: dict) -> dict:
+    """`hints` without the new tokens' axis when a cache is given with an input that spans the past
+    and the new tokens: that input's size would be past + new tokens, both dynamic, which is no
+    size torch.export can declare (a derived dim has one root). Such a step's new tokens stay
+    static (before an example grows a dynamic size 1 to 2, which would break the sum)."""
+    caches = [v for v in values.values() if _is_dynamic_cache(v) and _growing_cache(v)]
+    where = new_tokens_axis(values)
+    if not caches or where is None or where[1] not in hints.get(where[0], {}) \
+            or not spans_past_and_new(values, cache_length(caches[0])):
+        return hints
+    kept = {a: d for a, d in hints[where[0]].items() if a != where[1]}
+    return {n: h for n, h in {**hints, where[0]: kept}.items() if h}
+
+
+def cache_dynamic_shapes(cache, past) -> list:
+    """torch.export's dynamic shapes for a cache input: one entry per pytree leaf, the keys' and
+    values' sequence axis (-2 of [batch, heads, tokens, head dim]) as `past`."""
+    return [{2: past} if leaf.dim() == 4 else None for leaf in pytree.tree_leaves(cache)]
+
+
+def write_back(args: tuple, kwargs: dict, out):
+    """`out` with each cache the call was given in place of the one the compiled call returned,
+    after giving it the returned one's state. The model appended this call's keys and values to the
+    cache it was given, in place; a compiled call returns new tensors, so the caller's cache
+    becomes what eager PyTorch would have left: the same object, holding the longer keys and values."""
+    given = [x for x in (*args, *kwargs.values()) if _is_dynamic_cache(x)]
+    if not given:
+        return out
+    returned = [x for x in pytree.tree_leaves(out, is_leaf=_is_dynamic_cache) if _is_dynamic_cache(x)]
+    for mine, new in zip(given, returned, strict=True):
+        for layer, state in zip(mine.layers, new.layers, strict=True):
+            layer.__dict__.update(state.__dict__)
+    swap = dict(zip(map(id, returned), given))
+    return pytree.tree_map(lambda x: swap.get(id(x), x), out, is_leaf=_is_dynamic_cache)
+
+
+def returns_each_cache(out_spec, caches: dict) -> None:
+    """Raise `CacheInputError` unless the model's outputs hold as many DynamicCaches as it is
+    given: the caller's caches are brought up to date from the returned ones."""
+    returned = _count_caches(out_spec)
+    if caches and returned != len(caches):
+        raise CacheInputError(
+            f"the model is given {len(caches)} DynamicCache(s) ({', '.join(map(repr, caches))}), which it updates in "
+            f"place, but its outputs hold {returned}: Cuvil could not bring the caller's cache up to date. Pass "
+            f"fallback='eager' to run these calls in PyTorch")
+
+
+def _count_caches(spec) -> int:
+    if spec.type is not None and _is_dynamic_cache_type(spec.type):
+        return 1
+    return sum(_count_caches(c) for c in spec.children())
+
+
+def _is_dynamic_cache_type(cls) -> bool:
+    return cls.__name__ == "DynamicCache" and cls.__module__ == CACHE_MODULE
+
+
+def _is_dynamic_cache(x) -> bool:
+    return _is_dynamic_cache_type(type(x))
 
 
 def _holds(value) -> bool:

@@ -176,7 +176,7 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
     user_specs = [s for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
     tensor_positions = [i for i, s in enumerate(user_specs) if isinstance(s.arg, TensorArgument)]
     user = [placeholders[user_specs[i].arg.name] for i in tensor_positions]
-    symbols = SymbolTable()
+    symbols = SymbolTable(_required_equal(ep))
     for node in user:   # graph inputs are named after the parameters, as the hints are
         _add_symbols(symbols, ep, node, hints.get(node.name, {}), default_max)
 
@@ -193,6 +193,31 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
         elif node.op != "placeholder":
             raise CuvilUnsupportedOpError(f"FX {node.op} node", None, f"node '{node.name}'")
     return ImportedGraph(module, [n.name for n in user], symbols, tensor_positions)
+
+
+# ops that require two of their operands' sizes equal, which torch checks only when they run:
+# {op: ((operand, axis), (operand, axis))}
+_EQUAL_SIZES = {torch.ops.aten.scaled_dot_product_attention.default: ((1, -2), (2, -2))}
+
+
+def _required_equal(ep) -> dict:
+    """Input symbols that an op requires equal to another (torch symbol -> the one it is): under
+    Dynamo a cache's keys and values each get a length of their own, `1 + s0` and `1 + s1`, and
+    attention needs them equal, as eager checks when it runs. The guard then checks it per call."""
+    same = {}
+    for node in ep.graph.nodes:
+        pairs = _EQUAL_SIZES.get(node.target) if node.op == "call_function" else None
+        if pairs is None:
+            continue
+        a, b = (node.args[i].meta["val"].shape[axis] for i, axis in pairs)
+        if not (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt)):
+            continue
+        difference = sympy.expand(a.node.expr - b.node.expr)
+        symbols = sorted(difference.free_symbols, key=str)
+        if len(symbols) == 2 and sympy.expand(difference - (symbols[0] - symbols[1])) * \
+                sympy.expand(difference + (symbols[0] - symbols[1])) == 0:
+            same[symbols[1]] = same.get(symbols[0], symbols[0])
+    return same
 
 
 def _add_symbols(symbols: SymbolTable, ep, node: torch.fx.Node, hint: dict[int, str], default_max: int) -> None:

@@ -56,6 +56,8 @@ def _decide(expr, node, ranges, names: dict, examples: dict[str, int]) -> None:
     frame = node_frame(cond) or node_frame(node)
     source = str(frame) if frame else None
     spans = [ranges.get(s, (1, sympy.oo)) for s in symbols]
+    if _true_from_lower_bounds(expr, symbols, spans):
+        return
     points = 1
     for lo, hi in spans:    # an unbounded range (torch's int_oo is not an Integer) is too many points
         points *= (int(hi) - lo + 1) if sympy.sympify(hi).is_Integer else MAX_POINTS + 1
@@ -74,6 +76,19 @@ def _decide(expr, node, ranges, names: dict, examples: dict[str, int]) -> None:
     where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
     raise SizeConditionError(f"the model requires {text}, which fails at {failing} within the range {where}",
                              source, suggested)
+
+
+def _true_from_lower_bounds(expr, symbols: list, spans: list) -> bool:
+    """Whether sympy proves `expr` for every size at or above the ranges' lower bounds: each size
+    written as its bound + a non-negative integer. This decides a min or max of sizes whose
+    difference keeps its sign (HF's mask sizes with a cache: `min(16*(p + t), 32*(p + t))`) over
+    ranges too wide to evaluate point by point."""
+    shifted = {s: lo + sympy.Symbol(f"_{s}", integer=True, nonnegative=True) for s, (lo, _) in zip(symbols, spans)}
+    plain = expr.replace(tfn.Min, sympy.Min).replace(tfn.Max, sympy.Max)
+    try:
+        return plain.xreplace(shifted) is sympy.true
+    except (TypeError, ValueError):
+        return False
 
 
 def _widest_around(holds: torch.Tensor, lo: int, example: int, name: str) -> dict[str, tuple[int, int]]:

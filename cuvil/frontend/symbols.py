@@ -27,14 +27,20 @@ class SymbolInfo:
 
 
 class SymbolTable:
-    def __init__(self) -> None:
+    def __init__(self, same: dict[sympy.Symbol, sympy.Symbol] | None = None) -> None:
+        """`same`: torch symbols that stand for another's size (`import_graph`'s `_required_equal`)."""
         self._map: dict[sympy.Symbol, sympy.Symbol] = {}
         self.info: dict[str, SymbolInfo] = {}
+        self._same = same or {}
 
     def add(self, torch_symbol: sympy.Symbol, hint: str | None, lo: int, hi: int) -> None:
         if torch_symbol in self._map:
             return
-        name = f"s{len(self._map)}"
+        if torch_symbol in self._same:
+            self.add(self._same[torch_symbol], hint, lo, hi)
+            self._map[torch_symbol] = self._map[self._same[torch_symbol]]
+            return
+        name = f"s{len(self.info)}"
         self._map[torch_symbol] = sym(name)
         self.info[name] = SymbolInfo(name, hint, (lo, hi))
 

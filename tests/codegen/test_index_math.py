@@ -1,7 +1,11 @@
-"""Interval bounds of index and size expressions (`index_math.bounds`), hand-checked."""
+"""Interval bounds of index and size expressions (`index_math.bounds`) and a reshape's groups of
+dims, hand-checked; reshapes read through in groups, against eager."""
+import pytest
 import sympy
+import torch
 
-from cuvil.codegen.index_math import bounds, floor_div, modulo
+import cuvil
+from cuvil.codegen.index_math import bounds, floor_div, modulo, reshape_groups
 from cuvil.ir.types import floordiv, sym
 
 S0, S1 = sym("s0"), sym("s1")
@@ -37,3 +41,39 @@ def test_a_last_partial_tile_is_settled_by_the_ranges_of_its_variables():
     # 0 <= r < 64 holds in the last tile only: no simplification
     assert modulo(r, 64, known) == sympy.Mod(r, 64, evaluate=False)
     assert floor_div(r, 64, known) == sympy.floor(r / 64)
+
+
+def test_a_reshape_pairs_the_dims_that_merge_or_split_into_each_other():
+    # a grouped-query expand merged into the heads, with a dynamic cache length
+    assert reshape_groups([1, 2, 2, S0 + 1, 32], [1, 4, S0 + 1, 32]) == [([1, 2], [1]), ([3], [2]), ([4], [3])]
+    assert reshape_groups([4 * S0, 8], [S0, 4, 2, 4]) == [([0], [0, 1]), ([1], [2, 3])]
+    assert reshape_groups([S0, S1], [S0 * S1]) == [([0, 1], [0])]
+    assert reshape_groups([6, 4], [4, 6]) == [([0, 1], [0, 1])]          # no pairing: one group
+    assert reshape_groups([S0, 3], [3, S0]) == [([0, 1], [0, 1])]
+    assert reshape_groups([1, 1], [1]) == []
+
+
+@pytest.mark.parametrize("shape, new", [((2, 3, 4), (6, 4)), ((6, 4), (4, 6)), ((2, 2, 9, 8), (4, 9, 8)),
+                                        ((12, 5), (3, 4, 5)), ((1, 24), (2, 1, 3, 4)), ((4, 6), (2, 12))])
+def test_reshapes_read_through_in_groups_match_torch(shape, new):
+    """A reshape folded into its consumer's indexing (the add after it), every element against eager."""
+    def f(x):
+        return torch.reshape(x * 2, new) + 1
+
+    x = torch.randn(shape)
+    assert torch.equal(cuvil.compile(f, cache=False)(x), f(x))
+
+
+def test_a_grouped_query_expand_with_a_dynamic_length_matches_torch():
+    """A decoder's keys: the cache and the new token joined, then each of 2 heads repeated twice
+    (HF's `repeat_kv`), with one program for every cache length."""
+    def keys(past, new):
+        k = torch.cat([past, new], 2)
+        b, h, n, d = k.shape
+        return k[:, :, None].expand(b, h, 2, n, d).reshape(b, 2 * h, n, d) * 3
+
+    c = cuvil.compile(keys, cache=False, dynamic={"past": {2: "n"}})
+    for n in (3, 7, 20):
+        past, new = torch.randn(1, 2, n, 8), torch.randn(1, 2, 1, 8)
+        assert torch.equal(c(past, new), keys(past, new))
+    assert c.num_variants == 1

@@ -226,38 +226,84 @@ def test_a_decoder_called_the_default_way_returns_its_key_value_cache(name):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
 
 
-def test_a_cache_passed_in_is_refused_or_run_in_eager(tmp_path):
-    """The model appends to a cache it is given, in place; a compiled call would leave the caller's
-    cache as it was, so such a call is refused by name (or, with fallback="eager", run in PyTorch,
-    which updates it). A saved model whose outputs hold a cache loads in a process that has not
-    imported transformers."""
+@pytest.mark.parametrize("name", DECODERS)
+def test_a_decoding_loop_runs_compiled_with_one_program_for_every_length(name):
+    """A decoding step (a DynamicCache passed in) compiles once: the cache's length is one dynamic
+    size, shared by every layer. The model appends to the cache it is given, in place, so the
+    caller's cache object is updated as eager's would be. Steps of one token and of three (the new
+    tokens dynamic), then steps with an attention mask over the past and new tokens (its size
+    that length + 1: one more variant), against eager's own loop."""
+    model = randomize(DECODERS[name]())
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 100, (1, 12), generator=gen)
+    compiled = cuvil.compile(model, cache=False, dynamic={"input_ids": {1: "tokens"}})
+    with torch.no_grad():
+        mine, own = compiled(ids).past_key_values, model(ids).past_key_values
+        length = 12
+        for n, masked in ((1, False), (1, False), (3, False), (1, False), (1, True), (1, True), (1, True)):
+            tokens = torch.randint(1, 100, (1, n), generator=gen)
+            length += n
+            mask = {"attention_mask": torch.ones(1, length, dtype=torch.long)} if masked else {}
+            got = compiled(tokens, past_key_values=mine, **mask)
+            want = model(tokens, past_key_values=own, **mask)
+            assert got.past_key_values is mine                      # the caller's cache, updated
+            assert mine.get_seq_length() == own.get_seq_length() == length
+            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
+    for a, b in zip(mine.layers, own.layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-5 * float(b.keys.abs().max()))
+        torch.testing.assert_close(a.values, b.values, rtol=0, atol=1e-5 * float(b.values.abs().max()))
+    # the prompt's, every step's without a mask, every step's with one
+    assert compiled.num_variants == 3, compiled.explain_recompiles()
+
+
+def test_a_cache_cuvil_cannot_update_is_refused_or_run_in_eager():
+    """A StaticCache writes into fixed buffers (and a sliding window's layers count the tokens
+    seen): Cuvil cannot write a compiled call's result back into them, so such a call is refused
+    by name, or with fallback="eager" run in PyTorch, which updates the cache."""
+    model = randomize(DECODERS["llama"]())
+    ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(3))
+    nxt = torch.randint(1, 100, (1, 1), generator=torch.Generator().manual_seed(4))
+
+    def static_cache():
+        cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+        with torch.no_grad():
+            model(ids, past_key_values=cache)
+        return cache
+    given = static_cache()
+    with pytest.raises(cuvil.CuvilError, match=r"input 'past_key_values' is a StaticCache of StaticLayer layers"):
+        cuvil.compile(model, cache=False)(nxt, past_key_values=given)
+    lenient = cuvil.compile(model, cache=False, fallback="eager")
+    with pytest.warns(UserWarning, match="runs in eager PyTorch: CacheInputError"):
+        step = lenient(nxt, past_key_values=given)
+    with torch.no_grad():
+        want = model(nxt, past_key_values=static_cache()).logits
+    torch.testing.assert_close(step.logits, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+    assert given.get_seq_length() == 13
+
+
+def test_a_saved_decoder_decodes_in_a_fresh_process(tmp_path):
+    """A saved model's variants include the decoding step's: loaded in a process that has not
+    imported transformers, it takes the prompt, then a step with the cache it returned, which it
+    updates in place, bit-identical to the compiled model."""
     model = randomize(DECODERS["llama"]())
     ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(3))
     nxt = torch.randint(1, 100, (1, 1), generator=torch.Generator().manual_seed(4))
     c = cuvil.compile(model)
     first = c(ids)
-    with pytest.raises(cuvil.CuvilError, match=r"input 'past_key_values' is a DynamicCache.*in place"):
-        c(nxt, past_key_values=first.past_key_values)
-    assert first.past_key_values.get_seq_length() == 12
-
-    lenient = cuvil.compile(model, cache=False, fallback="eager")
-    prompt = lenient(ids)
-    with pytest.warns(UserWarning, match="runs in eager PyTorch: CacheInputError"):
-        step = lenient(nxt, past_key_values=prompt.past_key_values)
-    assert prompt.past_key_values.get_seq_length() == 13         # updated in place, as eager does
-    with torch.no_grad():
-        want = model(nxt, past_key_values=model(ids).past_key_values).logits
-    torch.testing.assert_close(step.logits, want, rtol=0, atol=1e-5 * float(want.abs().max()))
-    assert lenient.num_variants == 1
-
+    step = c(nxt, past_key_values=first.past_key_values)
     c.save(tmp_path / "decoder.cuvil")
-    torch.save({"ids": ids, "logits": first.logits, "keys": first.past_key_values.layers[1].keys},
-               tmp_path / "want.pt")
+    torch.save({"ids": ids, "nxt": nxt, "logits": first.logits, "step": step.logits,
+                "keys": first.past_key_values.layers[1].keys}, tmp_path / "want.pt")
     script = ("import sys, torch, cuvil\n"
               f"want = torch.load({str(tmp_path / 'want.pt')!r})\n"
-              f"out = cuvil.load({str(tmp_path / 'decoder.cuvil')!r})(want['ids'])\n"
+              f"model = cuvil.load({str(tmp_path / 'decoder.cuvil')!r})\n"
+              "out = model(want['ids'])\n"
               "assert type(out.past_key_values).__name__ == 'DynamicCache', type(out.past_key_values)\n"
               "assert torch.equal(out.logits, want['logits'])\n"
-              "assert torch.equal(out.past_key_values.layers[1].keys, want['keys'])\n")
+              "cache = out.past_key_values\n"
+              "step = model(want['nxt'], past_key_values=cache)\n"
+              "assert step.past_key_values is cache and cache.get_seq_length() == 13\n"
+              "assert torch.equal(step.logits, want['step'])\n"
+              "assert torch.equal(cache.layers[1].keys, want['keys'])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

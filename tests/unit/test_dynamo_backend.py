@@ -107,3 +107,25 @@ def test_options_reach_cuvil_and_bad_ones_are_errors():
     bad = torch.compile(model, backend="cuvil", options={"enable_fusoin": False})
     with pytest.raises(Exception, match="unknown option 'enable_fusoin'"):
         bad(x)
+
+
+def test_a_decoding_step_whose_keys_and_values_dynamo_sizes_apart_runs_natively():
+    """Dynamo gives a growing cache's keys and values a length each (`1 + s0`, `1 + s1`); attention
+    needs them equal, as eager checks when it runs. The import takes them as one size, and the
+    guard checks it per call."""
+    def step(q, past_k, past_v, k, v):
+        keys, values = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values), keys, values
+
+    backend = Recorder()
+    cf = torch.compile(step, backend=backend)
+    gen = torch.Generator().manual_seed(0)
+    past_k, past_v = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen)
+    for _ in range(5):
+        q, k, v = (torch.randn(1, 2, 1, 8, generator=gen) for _ in range(3))
+        got, want = cf(q, past_k, past_v, k, v), step(q, past_k, past_v, k, v)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        past_k, past_v = want[1], want[2]
+    assert backend.all_native(), [g.compiled.fallback_reason for g in backend.graphs]
+    assert backend.graphs[-1].compiled.num_variants == 1         # every later length

@@ -4,12 +4,14 @@ the ranges at capture (cuvil/frontend/size_conditions.py), and nested floor divi
 import pytest
 import sympy
 import torch
+import torch.utils._sympy.functions as tfn
 from torch import nn
 from torch.export import Dim
 
 import cuvil
 from cuvil.frontend import CuvilExportError, import_model
 from cuvil.frontend.export import suggested_ranges
+from cuvil.frontend.size_conditions import _true_from_lower_bounds
 from cuvil.ir.types import floordiv, sym
 
 
@@ -65,6 +67,20 @@ def test_a_checked_condition_is_decided_at_every_size():
         import_model(ModThree(), (torch.randn(2, 9),), dynamic=[{1: "n"}], ranges={"n": (2, 50)})
     r = import_model(ModThree(), (torch.randn(2, 9),), dynamic=[{1: "n"}], ranges={"n": (8, 9)})
     assert r.function.symbols == {"s0": (8, 9)}
+
+
+def test_a_condition_over_ranges_too_wide_to_evaluate_is_proved_from_the_lower_bounds():
+    """Hugging Face's mask code with a cache passed in and dynamic new tokens leaves
+    `min(16*(p + t), 32*(p + t)) == 16*(p + t)`: over two dims of 4096 sizes each, too many to
+    evaluate one by one (tests/differential/test_hf_models.py's decoding loop fails without this).
+    Each size is written as its lower bound + a non-negative integer, and sympy decides."""
+    p, t = sympy.symbols("s0 s1", integer=True, positive=True)
+    wide = [(1, 4096), (1, 4096)]
+    assert _true_from_lower_bounds(sympy.Eq(tfn.Min(16 * p + 16 * t, 32 * p + 32 * t), 16 * p + 16 * t), [p, t], wide)
+    assert _true_from_lower_bounds(sympy.Eq(tfn.Max(p + t, 2), p + t), [p, t], wide)
+    assert not _true_from_lower_bounds(sympy.Eq(tfn.Max(p + t, 3), p + t), [p, t], wide)     # p = t = 1
+    assert not _true_from_lower_bounds(sympy.Gt(p + t, 13), [p, t], wide)
+    assert _true_from_lower_bounds(sympy.Gt(p + t, 13), [p, t], [(7, 4096), (7, 4096)])
 
 
 def test_a_range_from_a_violated_guard_where_torch_suggests_a_derived_dim():
