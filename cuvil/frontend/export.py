@@ -85,21 +85,22 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     module = model_or_fn if isinstance(model_or_fn, nn.Module) else as_module(model_or_fn)
     _check_inference_mode(module)
     caches = cache_inputs(values)
-    spans = spans_past_and_new(values, cache_length(next(iter(caches.values())))) if caches else {}
+    growing = {name: c for name, c in caches.items() if cache_length(c)}    # not empty: `past` is dynamic
+    spans = spans_past_and_new(values, cache_length(next(iter(growing.values())))) if growing else {}
     hints = static_new_tokens(values, hints)
     register_model_caches(module)
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
-    sizes.update({PAST: cache_length(c) for c in caches.values()})
+    sizes.update({PAST: cache_length(c) for c in growing.values()})
     try:
-        ep = _export(module, args, kwargs, named, hints, ranges, sizes, caches, spans)
+        ep = _export(module, args, kwargs, named, hints, ranges, sizes, growing, spans)
     except CuvilExportError as e:
         # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
         # (BERT's positions end at 512), take the range torch suggests if the example lies in it
         fixes = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges}
         if not fixes or not all(lo <= sizes[d] <= hi for d, (lo, hi) in fixes.items()):
             raise
-        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, caches, spans)
+        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans)
     returns_each_cache(ep.call_spec.out_spec, caches)
     return Captured(ep, hints)
 

@@ -14,8 +14,9 @@ dynamic length, `past`, shared by every layer, so one program serves every step;
 spans the past and the new tokens (an attention mask) gets the size `past` + new tokens. The
 model appends the step's keys and values to the cache it is given, in place, while a compiled
 call returns new tensors: `write_back` moves them into the caller's cache, and the output holds
-the caller's object, as in eager PyTorch. Other caches (a sliding window's layers count the tokens
-seen, a static cache writes into fixed buffers) are refused by name.
+the caller's object, as in eager PyTorch (an empty cache given with the prompt is filled so).
+Other caches (a sliding window's layers count the tokens seen, a static cache writes into fixed
+buffers) are refused by name.
 """
 from __future__ import annotations
 
@@ -64,8 +65,9 @@ PAST = "past"      # the dynamic dim of a cache's keys and values: the tokens be
 
 def cache_inputs(values: dict) -> dict:
     """The inputs (by parameter name) that are a transformers cache Cuvil compiles with: a
-    `DynamicCache` of full-attention layers, its length the dynamic dim `PAST`. Raises
-    `CacheInputError` for any other cache among them."""
+    `DynamicCache` of full-attention layers, empty (the prompt fills it) or holding keys and
+    values whose length is the dynamic dim `PAST`. Raises `CacheInputError` for any other cache
+    among them."""
     found = {}
     for name, value in values.items():
         if not _holds(value):
@@ -84,13 +86,17 @@ def cache_inputs(values: dict) -> dict:
 
 
 def _growing_cache(value) -> bool:
+    """A DynamicCache of full-attention layers that all hold keys and values (a decoding step's),
+    or none (an empty cache the prompt fills)."""
     from transformers.cache_utils import DynamicLayer
-    return _is_dynamic_cache(value) and bool(value.layers) and all(
-        type(layer) is DynamicLayer and layer.is_initialized for layer in value.layers)
+    if not _is_dynamic_cache(value) or any(type(layer) is not DynamicLayer for layer in value.layers):
+        return False
+    return len({layer.is_initialized for layer in value.layers}) <= 1
 
 
 def cache_length(cache) -> int:
-    return cache.layers[0].keys.shape[-2]
+    """The tokens a supported cache holds (0: an empty one)."""
+    return cache.layers[0].keys.shape[-2] if cache.layers and cache.layers[0].is_initialized else 0
 
 
 def new_tokens_axis(values: dict) -> tuple[str, int] | None:
@@ -119,7 +125,7 @@ def static_new_tokens(values: dict, hints: dict) -> dict:
     and the new tokens: that input's size would be past + new tokens, both dynamic, which is no
     size torch.export can declare (a derived dim has one root). Such a step's new tokens stay
     static (before an example grows a dynamic size 1 to 2, which would break the sum)."""
-    caches = [v for v in values.values() if _is_dynamic_cache(v) and _growing_cache(v)]
+    caches = [v for v in values.values() if _is_dynamic_cache(v) and _growing_cache(v) and cache_length(v)]
     where = new_tokens_axis(values)
     if not caches or where is None or where[1] not in hints.get(where[0], {}) \
             or not spans_past_and_new(values, cache_length(caches[0])):
@@ -144,6 +150,8 @@ def write_back(args: tuple, kwargs: dict, out):
         return out
     returned = [x for x in pytree.tree_leaves(out, is_leaf=_is_dynamic_cache) if _is_dynamic_cache(x)]
     for mine, new in zip(given, returned, strict=True):
+        if not mine.layers:         # an empty cache (made without a config): the model made its layers
+            mine.layers.extend(new.layers)
         for layer, state in zip(mine.layers, new.layers, strict=True):
             layer.__dict__.update(state.__dict__)
     swap = dict(zip(map(id, returned), given))

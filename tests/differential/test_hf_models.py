@@ -256,6 +256,26 @@ def test_a_decoding_loop_runs_compiled_with_one_program_for_every_length(name):
     assert compiled.num_variants == 3, compiled.explain_recompiles()
 
 
+@pytest.mark.parametrize("with_config", [True, False])
+def test_an_empty_cache_passed_with_the_prompt_is_filled_in_place(with_config):
+    """HF's own examples make an empty DynamicCache and pass it with the prompt: the compiled call
+    fills the caller's object (its layers made with a config, or made by the model without one),
+    and the steps go on from it."""
+    model = randomize(DECODERS["llama"]())
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(1, 100, (1, 12), generator=gen)
+
+    def empty():
+        return transformers.DynamicCache(config=model.config) if with_config else transformers.DynamicCache()
+    compiled, mine, own = cuvil.compile(model, cache=False), empty(), empty()
+    with torch.no_grad():
+        for tokens in (ids, *(torch.randint(1, 100, (1, 1), generator=gen) for _ in range(3))):
+            got, want = compiled(tokens, past_key_values=mine), model(tokens, past_key_values=own)
+            assert got.past_key_values is mine and mine.get_seq_length() == own.get_seq_length()
+            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
+    assert mine.get_seq_length() == 15 and compiled.num_variants == 2
+
+
 def test_a_cache_cuvil_cannot_update_is_refused_or_run_in_eager():
     """A StaticCache writes into fixed buffers (and a sliding window's layers count the tokens
     seen): Cuvil cannot write a compiled call's result back into them, so such a call is refused
