@@ -45,7 +45,7 @@ from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
 from .frontend.export import auto_hints, input_names
-from .frontend.hf_caches import static_new_tokens, write_back
+from .frontend.hf_caches import PAST, static_new_tokens, write_back
 from . import imports
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
 from .passes import Pipeline
@@ -687,8 +687,9 @@ class CompiledModel:
             elif m.kind == "range":
                 hint = guard.hints[m.symbol] or m.symbol
                 lo, hi = guard.ranges[guard.symbols.index(m.symbol)]
-                self._ranges[hint] = (min(lo, m.size), max(hi, m.size))
-                note["widened"].append((hint, self._ranges[hint]))
+                # a cache grows a token a step: its length's range doubles, not one step a compile
+                self._ranges[hint] = (min(lo, m.size), max(hi, m.size) if hint != PAST else max(2 * hi, m.size))
+                note["widened"] = [w for w in note["widened"] if w[0] != hint] + [(hint, self._ranges[hint])]
                 note["sizes"][hint] = m.size
         return note
 

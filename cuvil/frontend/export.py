@@ -102,7 +102,7 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
             raise
         ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans)
     returns_each_cache(ep.call_spec.out_spec, caches)
-    return Captured(ep, hints)
+    return Captured(ep, {**hints, **_cache_hints(ep, growing)})
 
 
 def _export(module, args, kwargs, named: list[str], hints: Hints, ranges,
@@ -134,7 +134,7 @@ def _export(module, args, kwargs, named: list[str], hints: Hints, ranges,
                     deferred = True
             if deferred:
                 ep = export(prefer_deferred_runtime_asserts_over_guards=True)
-                check_size_conditions(ep, _dim_names(ep, hints, caches), sizes)
+                check_size_conditions(ep, _dim_names(ep, {**hints, **_cache_hints(ep, caches)}), sizes)
             if functionalize_local_inplace(ep.graph):
                 ep.graph_module.recompile()
             if needs_decomposition(ep):
@@ -169,21 +169,24 @@ def _keywords_as_parameters(module: nn.Module, names: list[str]) -> nn.Module:
     return wrapper
 
 
-def _dim_names(ep: torch.export.ExportedProgram, hints: Hints, caches: Container[str] = ()) -> dict:
-    """torch's symbol for each dynamic input dim -> the user's name for it (`PAST` for the length
-    of a cache input's keys and values, placeholders named after the input)."""
+def _dim_names(ep: torch.export.ExportedProgram, hints: Hints) -> dict:
+    """torch's symbol for each dynamic input dim -> the user's name for it."""
     out = {}
     for node in ep.graph.nodes:
-        if node.op != "placeholder" or not isinstance(node.meta.get("val"), torch.Tensor):
-            continue
-        axes = hints.get(node.name, {})
-        if not axes and node.meta["val"].dim() == 4 and any(node.name.startswith(f"{c}_") for c in caches):
-            axes = {2: PAST}
-        for ax, d in axes.items():
-            size = node.meta["val"].shape[ax]
-            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-                out[size.node.expr] = str(d)
+        if node.op == "placeholder" and node.name in hints and isinstance(node.meta.get("val"), torch.Tensor):
+            for ax, d in hints[node.name].items():
+                size = node.meta["val"].shape[ax]
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    out[size.node.expr] = str(d)
     return out
+
+
+def _cache_hints(ep: torch.export.ExportedProgram, caches: Container[str]) -> Hints:
+    """Hints for the keys and values of the cache inputs (placeholders named after the input):
+    their length is `PAST` (which a recompile then widens by that name)."""
+    return {n.name: {2: PAST} for n in ep.graph.nodes if n.op == "placeholder"
+            and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 4
+            and any(n.name.startswith(f"{c}_") for c in caches)}
 
 
 def needs_decomposition(ep: torch.export.ExportedProgram) -> bool:

@@ -256,6 +256,24 @@ def test_a_decoding_loop_runs_compiled_with_one_program_for_every_length(name):
     assert compiled.num_variants == 3, compiled.explain_recompiles()
 
 
+def test_a_cache_longer_than_its_range_recompiles_with_the_range_doubled():
+    """The cache's length is the dim `past` (ranges={"past": ...} sets it); a longer cache
+    recompiles once with its range doubled, not once a token."""
+    model = randomize(DECODERS["llama"]())
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, 100, (1, 12), generator=gen)
+    compiled = cuvil.compile(model, cache=False, ranges={"past": (1, 14)})
+    with torch.no_grad():
+        mine, own = compiled(ids).past_key_values, model(ids).past_key_values
+        for _ in range(6):                                  # past 12 .. 17
+            tokens = torch.randint(1, 100, (1, 1), generator=gen)
+            got, want = compiled(tokens, past_key_values=mine), model(tokens, past_key_values=own)
+            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
+    assert compiled.num_variants == 3
+    assert "past (s0) is outside its compiled range [1, 14]" in compiled.explain_recompiles()[-1]
+    assert compiled.explain_recompiles()[-1].endswith("-> range of past widened to [1, 28]")
+
+
 @pytest.mark.parametrize("with_config", [True, False])
 def test_an_empty_cache_passed_with_the_prompt_is_filled_in_place(with_config):
     """HF's own examples make an empty DynamicCache and pass it with the prompt: the compiled call
