@@ -9,7 +9,6 @@ plain function's string annotations (`x: "f32[B,512]"`) are hints too.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import re
 import types
@@ -19,6 +18,7 @@ from typing import Any, Container
 import torch
 from torch import nn
 from torch.export import Dim
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from ..errors import CuvilError
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
@@ -27,7 +27,7 @@ from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, 
                         returns_each_cache, spans_past_and_new, static_new_tokens)
 from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
-from .size_conditions import SizeConditionError, check_size_conditions
+from .size_conditions import SizeConditionError, check_kept_guards, check_size_conditions
 
 DEFAULT_RANGE = (1, 4096)
 
@@ -92,22 +92,48 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
     sizes.update({PAST: cache_length(c) for c in growing.values()})
+    open_dims = set() if growing or not _alike_sizes_agree(hints, values) else \
+        {d for h in hints.values() for d in h.values() if not isinstance(d, AutoDim)}
     try:
-        ep = _export(module, args, kwargs, named, hints, ranges, sizes, growing, spans)
+        ep = _export(module, args, kwargs, named, hints, ranges, sizes, growing, spans, open_dims)
     except CuvilExportError as e:
         # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
         # (BERT's positions end at 512), take the range torch suggests if the example lies in it
         fixes = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges}
         if not fixes or not all(lo <= sizes[d] <= hi for d, (lo, hi) in fixes.items()):
             raise
-        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans)
+        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans, open_dims)
     returns_each_cache(ep.call_spec.out_spec, caches)
     return Captured(ep, {**hints, **_cache_hints(ep, growing)})
 
 
-def _export(module, args, kwargs, named: list[str], hints: Hints, ranges,
-            sizes: dict[str, int], caches: dict, spans: dict) -> torch.export.ExportedProgram:
-    dims = _make_dims(hints, ranges)
+def _alike_sizes_agree(hints: Hints, values: dict) -> bool:
+    """Whether each dim name has one size over the inputs it names (torch.export checks this for a
+    named `Dim`, and says which inputs differ)."""
+    seen: dict[str, int] = {}
+    return all(seen.setdefault(d, values[name].shape[ax]) == values[name].shape[ax]
+               for name, h in hints.items() for ax, d in h.items())
+
+
+def _export(module, args, kwargs, named: list[str], hints: Hints, ranges, sizes: dict[str, int],
+            caches: dict, spans: dict, open_dims: set[str]) -> torch.export.ExportedProgram:
+    """One torch.export. An open dim (named by the user, no range declared) is asked as
+    `Dim.DYNAMIC` first, so that torch settles its range where the model allows less than
+    DEFAULT_RANGE (BERT's positions) in the same trace; where that does not give each such dim a
+    plain symbol of its own, or fails, every dim is asked by name, whose errors say what to declare."""
+    open_dims = open_dims - set(ranges)
+    if open_dims:
+        try:
+            return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, open_dims)
+        except CuvilExportError as e:
+            if e.suggested_ranges:      # a range to declare (`capture` exports again with it)
+                raise
+    return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, set())
+
+
+def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, sizes: dict[str, int],
+                 caches: dict, spans: dict, open_dims: set[str]) -> torch.export.ExportedProgram:
+    dims = _make_dims(hints, ranges, open_dims)
     specs = {name: {ax: dims[d] for ax, d in h.items()} for name, h in hints.items()}
     if caches:
         past = Dim(PAST, min=ranges.get(PAST, DEFAULT_RANGE)[0], max=ranges.get(PAST, DEFAULT_RANGE)[1])
@@ -117,7 +143,13 @@ def _export(module, args, kwargs, named: list[str], hints: Hints, ranges,
     shapes = {n: specs.get(n) for n in named} if kwargs else tuple(specs.get(n) for n in named)
     if kwargs and specs:
         module = _keywords_as_parameters(module, named)
-    export = functools.partial(torch.export.export, module, args, kwargs, dynamic_shapes=shapes if specs else None)
+    def export(**options) -> torch.export.ExportedProgram:
+        ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes if specs else None, **options)
+        if open_dims or any(isinstance(d, AutoDim) for h in hints.values() for d in h.values()):
+            check_kept_guards(ep, _dim_names(ep, hints), sizes)
+        if open_dims:
+            _settle_open_dims(ep, hints, open_dims)
+        return ep
     try:
         with torch.no_grad():
             # guards on sizes that are not bounds (wav2vec2's `1 % (n//20 - 1) != 0`), which torch's
@@ -319,13 +351,39 @@ def _normalise_axes(hint, x, where: str) -> dict[int, str]:
     return out
 
 
-def _make_dims(hints: Hints, ranges: dict[str, tuple[int, int]]) -> dict[str, Any]:
+def _make_dims(hints: Hints, ranges: dict[str, tuple[int, int]], open_dims: Container[str] = ()) -> dict[str, Any]:
     names = {n for h in hints.values() for n in h.values()}
     dims = {}
     for n in sorted(names):
         lo, hi = ranges.get(n, DEFAULT_RANGE)
-        dims[n] = Dim.AUTO(min=lo, max=hi) if isinstance(n, AutoDim) else Dim(n, min=lo, max=hi)
+        dims[n] = (Dim.AUTO(min=lo, max=hi) if isinstance(n, AutoDim) else
+                   Dim.DYNAMIC(min=lo, max=hi) if n in open_dims else Dim(n, min=lo, max=hi))
     return dims
+
+
+class _UnsettledDims(Exception):
+    """An open dim torch.export did not keep as a plain symbol of its own (the export is redone
+    with every dim by name)."""
+
+
+def _settle_open_dims(ep: torch.export.ExportedProgram, hints: Hints, open_dims: Container[str]) -> None:
+    """Check that each open dim is a plain symbol in every input it names, and none names two dims;
+    its range starts at DEFAULT_RANGE's start. torch's ranges start at 2 for `Dim.DYNAMIC`,
+    whose trace assumes sizes 0 and 1 away, as it does for a `Dim` asked from 1, whose range then
+    starts at 1: the program is the same."""
+    names: dict = {}
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for name, axes in hints.items():
+        for axis, d in axes.items():
+            if d not in open_dims:
+                continue
+            size = placeholders[name].meta["val"].shape[axis]
+            symbol = size.node.expr if isinstance(size, torch.SymInt) else None
+            if symbol is None or not symbol.is_Symbol or names.setdefault(symbol, d) != d:
+                raise _UnsettledDims(f"{d} is {size} in input '{name}'")
+            vr = ep.range_constraints[symbol]
+            if DEFAULT_RANGE[0] < vr.lower == 2:
+                ep.range_constraints[symbol] = ValueRanges(DEFAULT_RANGE[0], vr.upper)
 
 
 _STOP = re.compile(r"^(The following call raised this error|The error above occurred|from user code|"

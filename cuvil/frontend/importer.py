@@ -176,7 +176,7 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
     user_specs = [s for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
     tensor_positions = [i for i, s in enumerate(user_specs) if isinstance(s.arg, TensorArgument)]
     user = [placeholders[user_specs[i].arg.name] for i in tensor_positions]
-    symbols = SymbolTable(_required_equal(ep))
+    symbols = SymbolTable(_same_sizes(ep, user, hints))
     for node in user:   # graph inputs are named after the parameters, as the hints are
         _add_symbols(symbols, ep, node, hints.get(node.name, {}), default_max)
 
@@ -217,6 +217,27 @@ def _required_equal(ep) -> dict:
         if len(symbols) == 2 and sympy.expand(difference - (symbols[0] - symbols[1])) * \
                 sympy.expand(difference + (symbols[0] - symbols[1])) == 0:
             same[symbols[1]] = same.get(symbols[0], symbols[0])
+    return same
+
+
+def _same_sizes(ep, user: list[torch.fx.Node], hints: dict[str, dict[int, str]]) -> dict:
+    """Input symbols that stand for another's size: those an op requires equal, and those of dims
+    the user named alike that torch kept apart (an open dim is a symbol per input: BERT's batch in
+    its ids and in its mask). Either is one Cuvil symbol, which the guard checks on each call."""
+    same = _required_equal(ep)
+
+    def root(s):
+        while s in same:
+            s = same[s]
+        return s
+    first = {}
+    for node in user:
+        for axis, name in hints.get(node.name, {}).items():
+            size = node.meta["val"].shape[axis]
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                a, b = root(first.setdefault(name, size.node.expr)), root(size.node.expr)
+                if a != b:
+                    same[b] = a
     return same
 
 

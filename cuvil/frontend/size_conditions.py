@@ -12,12 +12,13 @@ the example where it holds (which a dim without a declared range then takes).
 from __future__ import annotations
 
 import operator
+import traceback
 
 import sympy
 import torch
 import torch.utils._sympy.functions as tfn
 
-from .locations import node_frame
+from .locations import SourceFrame, is_user_file, node_frame
 
 MAX_POINTS = 1 << 22      # sizes evaluated at once; a condition over more is refused (narrow the ranges)
 
@@ -46,15 +47,47 @@ def check_size_conditions(ep: torch.export.ExportedProgram, names: dict, example
             continue            # settled when torch simplified it
         if not expr.free_symbols <= set(names):
             continue            # a data-dependent size: the importer refuses it with its own message
-        _decide(expr, node, ranges, names, examples)
+        frame = node_frame(cond) or node_frame(node)    # the user's check; the assertion may be later
+        _decide(expr, str(frame) if frame else None, ranges, names, examples)
 
 
-def _decide(expr, node, ranges, names: dict, examples: dict[str, int]) -> None:
+def check_kept_guards(ep: torch.export.ExportedProgram, names: dict, examples: dict[str, int]) -> None:
+    """The same for the guards of an export with `Dim.AUTO` or `Dim.DYNAMIC` dims, which torch
+    keeps only in its ShapeEnv: for such dims a branch on sizes is no error, and the program would
+    take the example's branch at every size. The guards of the model's own code are decided (those
+    of torch's internals are its layout choices, and Cuvil checks the shapes it imports itself),
+    over torch's own ranges (from 2, as its trace assumes); where several fail, the error suggests
+    for each dim the range where all of them hold."""
+    shape_env = next((n.meta["val"].fake_mode.shape_env for n in ep.graph.nodes if n.op == "placeholder"
+                      and isinstance(n.meta.get("val"), torch._subclasses.FakeTensor)), None)
+    if shape_env is None:
+        return
+    ranges = {s: (int(vr.lower), vr.upper) for s, vr in shape_env.var_to_range.items()}
+    first, suggested = None, {}
+    for guard in shape_env.guards:
+        loc = guard.sloc.framework_loc
+        if not (isinstance(loc, traceback.FrameSummary) and is_user_file(loc.filename)):
+            continue
+        expr = shape_env.simplify(guard.expr)
+        if not (expr.free_symbols and expr.free_symbols <= set(names)):
+            continue
+        try:
+            _decide(expr, str(SourceFrame(loc.filename, loc.lineno or 0, (loc.line or "").strip())), ranges,
+                    names, examples)
+        except SizeConditionError as e:
+            if not e.suggested:
+                raise
+            first = first or e
+            for d, (lo, hi) in e.suggested.items():
+                was = suggested.get(d, (lo, hi))
+                suggested[d] = (max(lo, was[0]), min(hi, was[1]))
+    if first is not None:
+        raise SizeConditionError(first.reason, first.source, suggested)
+
+
+def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, int]) -> None:
     symbols = sorted(expr.free_symbols, key=str)
     text = str(expr.xreplace({s: sympy.Symbol(names[s]) for s in symbols}))
-    cond = node.args[0]    # its frame is the user's check; the assertion's may be a later line
-    frame = node_frame(cond) or node_frame(node)
-    source = str(frame) if frame else None
     spans = [ranges.get(s, (1, sympy.oo)) for s in symbols]
     if _true_from_lower_bounds(expr, symbols, spans):
         return

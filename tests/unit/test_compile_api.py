@@ -358,6 +358,34 @@ def test_a_dynamic_dim_without_a_range_takes_the_range_the_model_allows():
         wide(torch.randn(2, 5, 8))
 
 
+def test_a_dim_without_a_range_is_exported_once_where_the_model_allows_less(monkeypatch):
+    """Such a dim is asked of torch.export as `Dim.DYNAMIC`, which settles the range the model
+    allows in the same trace (asked by name with DEFAULT_RANGE, the export failed and was redone:
+    BERT's compile paid two). Dims named alike stay one dim: inputs that torch keeps apart share
+    one symbol, and sizes that differ are refused as torch refuses them for a named dim."""
+    exports = []
+    export = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: exports.append(1) or export(*a, **k))
+    model = Positions().eval()
+    m = cuvil.compile(model, dynamic=[{0: "batch", 1: "seq"}], cache=False)
+    with torch.no_grad():
+        for b, n in ((2, 5), (1, 32), (3, 1)):
+            x = torch.randn(b, n, 8)
+            torch.testing.assert_close(m(x), model(x))
+    assert len(exports) == 1 and m.num_variants == 1
+    assert "symbols = {s0 = [1, 4096], s1 = [1, 32]}" in m.report.input_ir
+
+    def f(x, y):
+        return x * 2, y + 1
+    g = cuvil.compile(f, dynamic={"x": {0: "batch"}, "y": {0: "batch"}}, cache=False)
+    x, y = torch.randn(3, 4), torch.randn(3, 5)
+    for got, want in zip(g(x, y), f(x, y)):
+        torch.testing.assert_close(got, want)
+    assert "(%x: tensor<s0x4xf32>, %y: tensor<s0x5xf32>)" in g.report.input_ir
+    with pytest.raises(cuvil.CuvilError, match=r"size\(\)\[0\] = 2 is not equal to"):
+        g(torch.randn(3, 4), torch.randn(2, 5))
+
+
 def test_dynamic_true_compiles_static_where_the_dims_cannot_stay_dynamic():
     """A strided conv's output width feeds a linear: torch.export keeps the input width dynamic
     under a guard ((W - 3)//2 + 1 == 4) that leaves its range wide, and Cuvil's linear cannot prove

@@ -55,6 +55,20 @@ def test_without_a_declared_range_the_widest_range_around_the_example_is_taken()
     assert r.function.symbols == {"s0": (60, 4096)}
 
 
+def test_dynamic_true_decides_a_branch_on_sizes_instead_of_taking_the_examples_at_every_size():
+    """With dynamic=True (`Dim.AUTO`) torch.export keeps such a guard only in its ShapeEnv, and the
+    program took the example's branch at every size: n = 40 (1 % 1 == 0) got x * 2, not x - 1.
+    The guard is decided over the range, which narrows to where the branch holds."""
+    m = PositionalPadding()
+    c = cuvil.compile(m, dynamic=True, cache=False)
+    for n in (100, 40, 4000, 59):
+        x = torch.randn(2, n)
+        assert torch.equal(c(x), m(x))
+    assert c.num_variants == 2
+    assert "range of x_dim1 set to [40, 59], the one torch.export suggests" in c.explain_recompiles()[0]
+    assert "s1 = [60, 4096]" in c._variants[0].compilation.report.input_ir
+
+
 class ModThree(nn.Module):
     def forward(self, x):
         torch._check(x.shape[1] % 3 != 1)
