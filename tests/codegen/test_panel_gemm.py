@@ -16,10 +16,11 @@ from cuvil.ir.ops.nn import pack_panels, panel_width, unpack_panels
 from codegen_helpers import Graph, T, compile_graphs, run
 from test_library import rand
 
-# (rows, in features, out features): rows around the microkernel's blocks (1..7, 13), two row
-# tiles (300); out features within one panel, one over, a partial last panel, and column tiles
-SHAPES = [(1, 64, 10), (2, 64, 33), (5, 3, 32), (6, 17, 100), (7, 64, 64), (13, 1, 40), (64, 96, 600),
-          (300, 32, 70)]
+# (rows, in features, out features): rows around the microkernel's blocks of 6 (AVX2) and 12
+# (AVX-512) and their remainders in blocks of 4 and 1 (1..7, 11..13, 17, 28), two row tiles (300);
+# out features within one panel, one over, a partial last panel, and column tiles
+SHAPES = [(1, 64, 10), (2, 64, 33), (5, 3, 32), (6, 17, 100), (7, 64, 64), (11, 8, 40), (12, 16, 64),
+          (13, 1, 40), (17, 24, 33), (28, 9, 96), (64, 96, 600), (300, 32, 70)]
 
 
 def _graph(i, k, n):
@@ -75,7 +76,7 @@ def test_kernel_text_keeps_the_packed_operand():
 
 
 def test_bias_and_relu_run_in_the_microkernel_registers(compiled):
-    (kernel,) = GRAPHS[6].kernels             # 600 outputs: column tiles of 128, each its part of the bias
+    (kernel,) = GRAPHS[SHAPES.index((64, 96, 600))].kernels     # column tiles of 128, each its part of the bias
     text = print_kernels([kernel])
     assert "b_panels=32, bias=%a2[128*(p % 5)], relu=true\n  }\n}" in text   # and no epilogue loop after it
     assert "max(" not in text
