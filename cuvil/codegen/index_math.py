@@ -7,6 +7,8 @@ sub-expressions) to their inclusive [lo, hi] ranges.
 """
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from ..ir.types import Bounds, bounds
@@ -64,6 +66,36 @@ def modulo(num, den, known: Bounds):
     # unevaluated: `_split` already took out the terms den divides, and Mod's own evaluation of a
     # symbolic sum (gcd extraction, sign queries) took 0.1-0.3 s per convolution
     return sympy.Mod(rest, den, evaluate=not sympy.sympify(rest).free_symbols)
+
+
+@functools.lru_cache(maxsize=4096)
+def fold_divisions(offset):
+    """A flat offset with its divisions recombined where they cancel: `x % c` written
+    `x - c*(x//c)`, and `(x//a)//b` as `x//(a*b)`, then the like terms collected. A reshape across
+    dims that do not split or merge into each other (`[56, 56, 96]` read as `[96, 56, 56]`) indexes
+    its contiguous source with `(L//5376)*5376 + ((L//96) % 56)*96 + L % 96`, which is `L`
+    (floor(floor(y) / n) is floor(y / n) for a positive integer n): a
+    division a element had kept the loop scalar (an add through such a reshape 5x eager's time).
+    The form with fewer divisions is kept."""
+    if not offset.has(sympy.Mod, sympy.floor):
+        return offset
+    flat = offset.replace(lambda e: isinstance(e, sympy.Mod) and e.args[1].is_Integer and e.args[1] > 0,
+                          lambda e: e.args[0] - e.args[1] * sympy.floor(e.args[0] / e.args[1]))
+    flat = flat.replace(_nested_floor, lambda e: sympy.floor(e.args[0].args[1].args[0] * e.args[0].args[0]))
+    flat = sympy.expand(flat)
+    return flat if _divisions(flat) < _divisions(offset) else offset
+
+
+def _nested_floor(e) -> bool:
+    """floor(floor(y) / n) for a positive integer n (which is floor(y / n))."""
+    if not (isinstance(e, sympy.floor) and e.args[0].is_Mul and len(e.args[0].args) == 2):
+        return False
+    c, inner = e.args[0].args
+    return c.is_Rational and c > 0 and c.p == 1 and isinstance(inner, sympy.floor)
+
+
+def _divisions(e) -> int:
+    return sum(1 for a in sympy.preorder_traversal(e) if isinstance(a, (sympy.Mod, sympy.floor)))
 
 
 def broadcast_index(idx, out_shape, in_shape) -> list:

@@ -33,6 +33,7 @@ import sympy
 from ..errors import CuvilVerifyError
 from ..ir.types import DType, Dim, norm_dim, sym
 from ..ir.ops.nn import PANEL_WIDTHS
+from .index_math import fold_divisions
 
 ROLES = ("in", "out", "scratch")
 REDUCE_KINDS = ("sum", "max", "min", "prod")
@@ -94,7 +95,7 @@ class Buffer:
                 dynamic.append((i, stride))
             else:
                 static = static + sympy.sympify(i) * stride
-        return as_index(static), dynamic
+        return as_index(fold_divisions(static)), dynamic
 
     def numel(self) -> Dim:
         n = sympy.Integer(1)

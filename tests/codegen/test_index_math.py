@@ -1,11 +1,12 @@
-"""Interval bounds of index and size expressions (`index_math.bounds`) and a reshape's groups of
-dims, hand-checked; reshapes read through in groups, against eager."""
+"""Interval bounds of index and size expressions (`index_math.bounds`), a reshape's groups of dims
+and divisions recombined in flat offsets, hand-checked; reshapes read through in groups, against
+eager."""
 import pytest
 import sympy
 import torch
 
 import cuvil
-from cuvil.codegen.index_math import bounds, floor_div, modulo, reshape_groups
+from cuvil.codegen.index_math import bounds, floor_div, fold_divisions, modulo, reshape_groups
 from cuvil.ir.types import floordiv, sym
 
 S0, S1 = sym("s0"), sym("s1")
@@ -77,3 +78,32 @@ def test_a_grouped_query_expand_with_a_dynamic_length_matches_torch():
         past, new = torch.randn(1, 2, n, 8), torch.randn(1, 2, 1, 8)
         assert torch.equal(c(past, new), keys(past, new))
     assert c.num_variants == 1
+
+
+def test_divisions_that_cancel_in_a_flat_offset_are_recombined():
+    """A reshape whose dims neither split nor merge into each other reads its contiguous source at
+    `(L//5376)*5376 + ((L//96) % 56)*96 + L % 96`, which is L; with L's own divisions of the
+    parallel index p, the offset is `i + 56*p`, a unit stride in the inner loop."""
+    i, p = sym("i"), sym("p")
+    mod = lambda x, n: sympy.Mod(x, n, evaluate=False)     # noqa: E731 (as the lowering builds them)
+    flat = i + 56 * mod(p, 56) + 3136 * sympy.floor(p / 56)
+    offset = 5376 * sympy.floor(flat / 5376) + 96 * mod(sympy.floor(flat / 96), 56) + mod(flat, 96)
+    assert fold_divisions(offset) == i + 56 * p
+    row = i + 32 * mod(p, 24)                                 # [12, 64] read as [24, 32]
+    assert fold_divisions(768 * sympy.floor(p / 24) + mod(row, 64) + 64 * sympy.floor(row / 64)) == i + 32 * p
+    kept = 3 * mod(p, 7) + 56 * sympy.floor(p / 56)           # nothing cancels: the offset stays as it was
+    assert fold_divisions(kept) == kept
+
+
+def test_an_add_through_a_reshape_across_dims_matches_torch_and_loads_vectors():
+    def f(x, y):
+        return x + y.reshape(1, 96, 56, 56)
+
+    x, y = torch.randn(1, 96, 56, 56), torch.randn(1, 56, 56, 96)
+    c = cuvil.compile(f, cache=False)
+    assert torch.equal(c(x, y), f(x, y))
+    native = c._variants[0].native
+    (kernel,) = native.lowered
+    ir = native.kernels.llvm_ir(kernel.kernel.name)      # the optimised LLVM IR: vector loads, no division
+    assert "<16 x float>" in ir or "<8 x float>" in ir
+    assert "sdiv" not in ir and "srem" not in ir and "udiv" not in ir and "urem" not in ir
