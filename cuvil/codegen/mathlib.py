@@ -255,10 +255,11 @@ def _erf(o: Ops, x):
 
 
 def _sigmoid(o: Ops, x):
-    # e = exp(-|x|) never overflows; sigmoid = 1/(1+e) for x >= 0 and e/(1+e) below (keeps denormals)
+    # e = exp(-|x|) never overflows; sigmoid = 1/(1+e) for x >= 0 and e/(1+e) below (keeps
+    # denormals), each one division: e * (1/(1+e)) rounds once more (2.66 ulp at x = -4.14, against
+    # 2.26 at most)
     e = _exp(o, o.b.fneg(o.unary("fabs", x)), high=False)
-    s = o.div(o.c(1.0), o.add(o.c(1.0), e))
-    return o.sel(o.cmp("<", x, o.c(0.0)), o.mul(e, s), s)
+    return o.div(o.sel(o.cmp("<", x, o.c(0.0)), e, o.c(1.0)), o.add(o.c(1.0), e))
 
 
 # ----------------------------------------------------------------------------- f64-internal functions
