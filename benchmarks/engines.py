@@ -80,6 +80,17 @@ def export_onnx(model, inputs: tuple, path: Path) -> str:
         return "torchscript"
 
 
+def ort_session(ort, path: Path, threads: int):
+    """An ONNX Runtime session on the model at `path`: CPU execution provider, all graph
+    optimisations, sequential execution, `threads` intra-op threads."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 class OnnxRuntime(Engine):
     """ONNX Runtime, CPU execution provider, all graph optimisations, sequential execution."""
     name = "ort"
@@ -95,12 +106,7 @@ class OnnxRuntime(Engine):
         t0 = time.perf_counter()
         exporter = export_onnx(model, inputs, path)
         t1 = time.perf_counter()
-        options = self.ort.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = self.ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = ort_session(self.ort, path, self.threads)
         t2 = time.perf_counter()
         names = [i.name for i in session.get_inputs()]
         if len(names) != len(inputs):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import struct
 import threading
 import time
 import warnings
@@ -56,6 +57,9 @@ from .runtime import get_num_threads, set_num_threads
 from .runtime.exprs import evaluate, to_postfix
 
 BACKENDS = ("llvm",)
+# Compiles one call may try after the first fails: each takes a narrower range torch.export or a
+# size condition suggests (a split's pieces: from (n + 2)//3 = 4, then without n = 10)
+MAX_REPLANS = 3
 FALLBACKS = ("error", "eager")
 CACHES = (True, "objects", False)       # both caches (compiled models and objects), the object cache only, neither
 
@@ -308,6 +312,10 @@ class Mismatch:
 
 
 def _same_constant(a, b) -> bool:
+    """The same value compiled in: floats by their bits (-0.0 is not 0.0: 1/x differs; NaN is
+    NaN, though NaN != NaN)."""
+    if type(a) is float and type(b) is float:
+        return struct.pack("<d", a) == struct.pack("<d", b) or a != a and b != b
     try:
         return type(a) is type(b) and bool(a == b)
     except Exception:       # values whose == is not a bool (arrays...) are never the same constant
@@ -351,7 +359,7 @@ class NativeCall:
 
     def run(self, tensors, symbols: list[int], profile: bool):
         """(the model's outputs, the engine's per-step records when `profile`)."""
-        inputs = [x if x.is_contiguous() else x.contiguous() for x in tensors]
+        inputs = [x.resolve_neg().contiguous() for x in tensors]     # values as they read (torch's lazy negation)
         if self._static is not None:
             outputs = [alloc(shape) for shape, alloc in self._static]
         else:
@@ -389,7 +397,7 @@ def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
 def _tensor_api() -> dict:
     """What TensorCall reads a tensor with: torch.Tensor's getters and methods as attribute lookup
     would find them (resolved once here), and the allocators."""
-    names = ("dtype", "shape", "is_cpu", "layout", "is_contiguous", "data_ptr")
+    names = ("dtype", "shape", "is_cpu", "layout", "is_contiguous", "is_neg", "data_ptr")
     return {"type": torch.Tensor, "strided": torch.strided, "np_empty": np.empty, "from_numpy": torch.from_numpy,
             "torch_empty": torch.empty, **{n: inspect.getattr_static(torch.Tensor, n) for n in names}}
 
@@ -630,17 +638,26 @@ class CompiledModel:
                 self._on_fallback(self._fallback_reason)
                 return None
             note = self._plan(reasons, args, kwargs)
-            try:
-                variant = self._compile(args, kwargs)
-            except CuvilError as e:
-                if not self._replan(note, e):
-                    return self._fail(e)
+            for attempt in range(MAX_REPLANS + 1):
                 try:
                     variant = self._compile(args, kwargs)
-                except Exception as e2:
-                    return self._fail(e2)
-            except Exception as e:
-                return self._fail(e)
+                    break
+                except CuvilError as e:
+                    if attempt == MAX_REPLANS or not self._replan(note, e):
+                        return self._fail(e)
+                except Exception as e:
+                    return self._fail(e)
+            narrowed = self._narrowed_past(variant, args, kwargs)
+            if narrowed:
+                self._variants = (*self._variants, variant)
+                try:
+                    variant = self._compile(args, kwargs, static=narrowed)
+                except Exception as e:
+                    return self._fail(e)
+                self._recompiles.append(f"variant {len(self._variants)} keeps {', '.join(sorted(narrowed))} dynamic "
+                                        f"only at sizes this call's are not (a constant bound of the model, or a "
+                                        f"size 1 torch.export saw as 2): variant {len(self._variants) + 1}, for "
+                                        f"this call, has them static")
             if reasons:
                 text = "; ".join(m.text for m in reasons)
                 action = self._describe(note)
@@ -704,7 +721,7 @@ class CompiledModel:
             note["static"] = str(e).splitlines()[0]
             return True
         suggested = getattr(e, "suggested_ranges", {})
-        widened = dict(note.get("widened", []))
+        widened = dict(note.get("widened", []) or note.get("suggested", []))
         if widened and all(hint in suggested and suggested[hint][0] <= size <= suggested[hint][1]
                            for hint, size in note["sizes"].items()):
             note["widened"], note["suggested"] = [], [(hint, suggested[hint]) for hint in widened]
@@ -726,12 +743,27 @@ class CompiledModel:
             parts = [f"compiled static (the dims could not stay dynamic: {note['static']})"]
         return ", ".join(parts)
 
+    def _narrowed_past(self, variant, args: tuple, kwargs: dict) -> set[str]:
+        """The dynamic dims of this call that the variant compiled for it does not serve at the
+        call's size: its import narrowed their range past it (`x[:, 1:2]` holds from 2, as torch's
+        trace assumes), or the capture, which sees a size 1 grown to 2, fixed them at 2."""
+        guard = variant.guard
+        if guard.match(args, kwargs) is not None:
+            return set()
+        hints = self._hints(_as_example(self._forward(), args, kwargs))
+        return {guard.hints[m.symbol] or m.symbol if m.kind == "range" else hints[guard.names[m.input]][m.axis]
+                for m in guard.mismatches(args, kwargs) if m.kind == "range" or
+                m.kind == "static" and m.axis in hints.get(guard.names[m.input], {})}
+
     @paused_gc()
-    def _compile(self, args: tuple, kwargs: dict, model_cache: bool = True) -> Variant | CachedVariant:
+    def _compile(self, args: tuple, kwargs: dict, model_cache: bool = True,
+                 static: set[str] = frozenset()) -> Variant | CachedVariant:
+        """A variant for this call; the dims named in `static` compiled static."""
         phases: list[dict] = []
         self._report = None
         example = _as_example(self._forward(), args, kwargs)
-        hints = self._hints(example)
+        hints = {name: kept for name, axes in self._hints(example).items()
+                 if (kept := {axis: d for axis, d in axes.items() if d not in static})}
         call = self._call_key(example, hints, phases)
         key = model_key(call, self.options.code_options()) \
             if call is not None and model_cache and self.options.cache is True and self.options.target == "host" else None

@@ -216,9 +216,10 @@ def _bound(L: Lowering, b, size, default):
         return b
     if isinstance(size, int):
         return max(0, min(b + size if b < 0 else b, size))
-    if b < 0:
-        return size + b
-    return size if b >= 1 << 62 or _at_most(L, size, b) else b
+    if b >= 1 << 62 or _at_most(L, size, b):
+        return size
+    L.symbols.require_at_least(size, abs(b))    # a smaller size would clamp the bound
+    return size + b if b < 0 else b
 
 
 def _at_most(L: Lowering, d, n: int) -> bool:
@@ -230,6 +231,7 @@ def _at_most(L: Lowering, d, n: int) -> bool:
 def select(L: Lowering, x, dim, index):
     dim = L.axis(dim, x.type.rank)
     size = x.type.shape[dim]
+    L.symbols.require_at_least(size, index + 1 if index >= 0 else -index)
     if index >= 0 or isinstance(size, int):
         return L.op("cuvil.select", x, dim=dim, index=index % size if isinstance(size, int) else index)
     # a negative index into a symbolic dim: a one-wide slice at size+index, then drop the dim

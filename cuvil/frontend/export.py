@@ -30,6 +30,9 @@ from .locations import exception_frame, record_user_frames
 from .size_conditions import SizeConditionError, check_kept_guards, check_size_conditions
 
 DEFAULT_RANGE = (1, 4096)
+# Exports one capture may try with the narrower ranges the last one suggested (each condition
+# found can narrow a range again: a reshape's A*B % 4 == 0 after a split's bound on A)
+MAX_FIXES = 3
 
 Hints = dict[str, dict[int, str]]   # input name -> {axis: dim name}
 
@@ -94,15 +97,18 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     sizes.update({PAST: cache_length(c) for c in growing.values()})
     open_dims = set() if growing or not _alike_sizes_agree(hints, values) else \
         {d for h in hints.values() for d in h.values() if not isinstance(d, AutoDim)}
-    try:
-        ep = _export(module, args, kwargs, named, hints, ranges, sizes, growing, spans, open_dims)
-    except CuvilExportError as e:
-        # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
-        # (BERT's positions end at 512), take the range torch suggests if the example lies in it
-        fixes = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges}
-        if not fixes or not all(lo <= sizes[d] <= hi for d, (lo, hi) in fixes.items()):
-            raise
-        ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans, open_dims)
+    fixes: dict[str, tuple[int, int]] = {}
+    for attempt in range(MAX_FIXES + 1):
+        try:
+            ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans, open_dims)
+            break
+        except CuvilExportError as e:
+            # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
+            # (BERT's positions end at 512), take the range torch suggests if the example lies in it
+            new = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges and fixes.get(d) != r}
+            if attempt == MAX_FIXES or not new or not all(lo <= sizes[d] <= hi for d, (lo, hi) in new.items()):
+                raise
+            fixes.update(new)
     returns_each_cache(ep.call_spec.out_spec, caches)
     return Captured(ep, {**hints, **_cache_hints(ep, growing)})
 
@@ -356,7 +362,8 @@ def _make_dims(hints: Hints, ranges: dict[str, tuple[int, int]], open_dims: Cont
     dims = {}
     for n in sorted(names):
         lo, hi = ranges.get(n, DEFAULT_RANGE)
-        dims[n] = (Dim.AUTO(min=lo, max=hi) if isinstance(n, AutoDim) else
+        dims[n] = (Dim.STATIC if lo == hi else       # one size (a range torch suggests, or the user's)
+                   Dim.AUTO(min=lo, max=hi) if isinstance(n, AutoDim) else
                    Dim.DYNAMIC(min=lo, max=hi) if n in open_dims else Dim(n, min=lo, max=hi))
     return dims
 
@@ -391,6 +398,7 @@ _STOP = re.compile(r"^(The following call raised this error|The error above occu
 _NOISE = re.compile(r"^(For more information|For more debugging help|For extended logs|If you suspect|"
                     r"For C\+\+ stack trace|consider using|Caused by:)")
 _DIM_FIX = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
+_STATIC_FIX = re.compile(r"^\s*(\w+) = (\d+)\s*$", re.MULTILINE)     # `C = 2`: the model needs that one size
 
 
 _VIOLATION = re.compile(r"Not all values of (\w+) = (\S+) in the specified range .*? satisfy the generated guard (.*)")
@@ -423,6 +431,7 @@ def suggested_ranges(e: BaseException) -> dict[str, tuple[int, int]]:
     out = {name: r for name, r in _violated_guards(e) if r is not None}
     out.update({m[2]: (int(m[3] or DEFAULT_RANGE[0]), int(m[4] or DEFAULT_RANGE[1]))
                 for m in _DIM_FIX.finditer(str(e))})
+    out.update({m[1]: (int(m[2]), int(m[2])) for m in _STATIC_FIX.finditer(str(e))})
     return out
 
 

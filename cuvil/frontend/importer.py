@@ -192,6 +192,7 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
             _return(lowering, env, node)
         elif node.op != "placeholder":
             raise CuvilUnsupportedOpError(f"FX {node.op} node", None, f"node '{node.name}'")
+    fn.symbols.update(symbols.ranges)       # as ops' constant bounds narrowed them
     return ImportedGraph(module, [n.name for n in user], symbols, tensor_positions)
 
 
@@ -247,7 +248,8 @@ def _add_symbols(symbols: SymbolTable, ep, node: torch.fx.Node, hint: dict[int, 
         if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
             vr = ep.range_constraints.get(d.node.expr)
             lo = int(vr.lower) if vr is not None else 1
-            hi = int(vr.upper) if vr is not None and vr.upper.is_finite else default_max
+            # torch's int_oo (no upper bound) says it is finite; it is no Integer
+            hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else default_max
             symbols.add(d.node.expr, hint.get(axis), lo, hi)
 
 

@@ -53,11 +53,12 @@ def check_size_conditions(ep: torch.export.ExportedProgram, names: dict, example
 
 def check_kept_guards(ep: torch.export.ExportedProgram, names: dict, examples: dict[str, int]) -> None:
     """The same for the guards of an export with `Dim.AUTO` or `Dim.DYNAMIC` dims, which torch
-    keeps only in its ShapeEnv: for such dims a branch on sizes is no error, and the program would
-    take the example's branch at every size. The guards of the model's own code are decided (those
-    of torch's internals are its layout choices, and Cuvil checks the shapes it imports itself),
-    over torch's own ranges (from 2, as its trace assumes); where several fail, the error suggests
-    for each dim the range where all of them hold."""
+    keeps only in its ShapeEnv where they are no bounds: for such dims a branch on sizes is no
+    error, and the program would take the example's branch at every size. The model's own branches
+    are such guards, and so are torch's own decisions (`x.split(3)` of 6 rows has two pieces: its
+    last is `n - 3` rows only while (n + 2)//3 is 2). Each is decided over torch's own ranges (from
+    2, as its trace assumes; one of torch's that Cuvil cannot evaluate is left, as most are layout
+    choices); where several fail, the error suggests for each dim the range where all hold."""
     shape_env = next((n.meta["val"].fake_mode.shape_env for n in ep.graph.nodes if n.op == "placeholder"
                       and isinstance(n.meta.get("val"), torch._subclasses.FakeTensor)), None)
     if shape_env is None:
@@ -65,15 +66,15 @@ def check_kept_guards(ep: torch.export.ExportedProgram, names: dict, examples: d
     ranges = {s: (int(vr.lower), vr.upper) for s, vr in shape_env.var_to_range.items()}
     first, suggested = None, {}
     for guard in shape_env.guards:
-        loc = guard.sloc.framework_loc
-        if not (isinstance(loc, traceback.FrameSummary) and is_user_file(loc.filename)):
-            continue
         expr = shape_env.simplify(guard.expr)
         if not (expr.free_symbols and expr.free_symbols <= set(names)):
             continue
+        loc = guard.sloc.framework_loc
+        users = isinstance(loc, traceback.FrameSummary) and is_user_file(loc.filename)
+        source = str(SourceFrame(loc.filename, loc.lineno or 0, (loc.line or "").strip())) \
+            if isinstance(loc, traceback.FrameSummary) else None
         try:
-            _decide(expr, str(SourceFrame(loc.filename, loc.lineno or 0, (loc.line or "").strip())), ranges,
-                    names, examples)
+            _decide(expr, source, ranges, names, examples, undecided_ok=not users)
         except SizeConditionError as e:
             if not e.suggested:
                 raise
@@ -85,7 +86,8 @@ def check_kept_guards(ep: torch.export.ExportedProgram, names: dict, examples: d
         raise SizeConditionError(first.reason, first.source, suggested)
 
 
-def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, int]) -> None:
+def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, int],
+            undecided_ok: bool = False) -> None:
     symbols = sorted(expr.free_symbols, key=str)
     text = str(expr.xreplace({s: sympy.Symbol(names[s]) for s in symbols}))
     spans = [ranges.get(s, (1, sympy.oo)) for s in symbols]
@@ -95,6 +97,8 @@ def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, i
     for lo, hi in spans:    # an unbounded range (torch's int_oo is not an Integer) is too many points
         points *= (int(hi) - lo + 1) if sympy.sympify(hi).is_Integer else MAX_POINTS + 1
     holds = _evaluate(expr, symbols, spans) if points <= MAX_POINTS else None
+    if holds is None and undecided_ok:
+        return
     if holds is None:
         where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
         raise SizeConditionError(f"the model requires {text}, which Cuvil cannot check for every size ({where}); "
@@ -106,6 +110,8 @@ def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, i
     suggested = {}
     if len(symbols) == 1 and names[symbols[0]] in examples:
         suggested = _widest_around(holds, spans[0][0], examples[names[symbols[0]]], names[symbols[0]])
+    elif all(names[s] in examples for s in symbols):     # no one range: each dim at the example's size
+        suggested = {names[s]: (examples[names[s]],) * 2 for s in symbols}
     where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
     raise SizeConditionError(f"the model requires {text}, which fails at {failing} within the range {where}",
                              source, suggested)

@@ -8,7 +8,7 @@ torch's integer functions (FloorDiv, CeilDiv, CleanDiv, Mod, PythonMod) become p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 import torch
@@ -34,15 +34,30 @@ class SymbolTable:
         self._same = same or {}
 
     def add(self, torch_symbol: sympy.Symbol, hint: str | None, lo: int, hi: int) -> None:
-        if torch_symbol in self._map:
-            return
+        """A torch symbol with its range; one that stands for another's size (`same`) maps to that
+        one's Cuvil symbol, whose range is then where both ranges hold (torch may have narrowed one
+        input's: `y[:3]` kept `y`'s from 3)."""
         if torch_symbol in self._same:
             self.add(self._same[torch_symbol], hint, lo, hi)
             self._map[torch_symbol] = self._map[self._same[torch_symbol]]
             return
+        if torch_symbol in self._map:
+            info = self.info[str(self._map[torch_symbol])]
+            self.info[info.symbol] = replace(info, range=(max(lo, info.range[0]), min(hi, info.range[1])))
+            return
         name = f"s{len(self.info)}"
         self._map[torch_symbol] = sym(name)
         self.info[name] = SymbolInfo(name, hint, (lo, hi))
+
+    def require_at_least(self, d: Dim, n: int) -> None:
+        """Narrow the range of size `d` to sizes of at least `n`, where `d` is one symbol: what an
+        op's constant bound needs (`x[:, 1:2]` is one column wide only from 2). torch's trace
+        assumes sizes 0 and 1 away, so its shapes say so where the range it reports starts at 1;
+        a call below is compiled again, that dim static (`CompiledModel._compile_for`)."""
+        if isinstance(d, sympy.Symbol) and str(d) in self.info:
+            info = self.info[str(d)]
+            if info.range[0] < n <= info.range[1]:
+                self.info[info.symbol] = replace(info, range=(n, info.range[1]))
 
     def knows(self, torch_symbol) -> bool:
         return torch_symbol in self._map

@@ -227,7 +227,7 @@ class Executable:
 
     def _run(self, inputs: Sequence[torch.Tensor], profile: bool):
         symbols = self._bind(inputs)
-        inputs = [x.contiguous() for x in inputs]
+        inputs = [x.resolve_neg().contiguous() for x in inputs]      # values as they read (torch's lazy negation)
         outputs = [torch.empty([evaluate(d, symbols) for d in shape], dtype=t.dtype.torch)
                    for shape, t in zip(self._out_shapes, self.program.outputs)]
         records = self.engine.run([(x.data_ptr(), x.nbytes) for x in inputs],

@@ -73,6 +73,7 @@ TensorCall::TensorCall(std::shared_ptr<const Engine> engine, py::dict api, py::s
     layout_ = get("layout");
     strided_ = get("strided");
     is_contiguous_ = get("is_contiguous");
+    is_neg_ = get("is_neg");
     data_ptr_ = get("data_ptr");
     np_empty_ = get("np_empty");
     from_numpy_ = get("from_numpy");
@@ -112,8 +113,10 @@ int64_t TensorCall::accepts(PyObject* x, const InputSpec& spec, std::vector<int6
         if (values[symbol] < 0) values[symbol] = n;
         else if (values[symbol] != n) return -1;
     }
+    // a tensor with torch's lazy negation bit (a complex conjugate's imaginary part) holds the
+    // values negated in memory: the slow path resolves it
     if (property(is_cpu_, x).ptr() != Py_True || property(layout_, x).ptr() != strided_.ptr() ||
-        method(is_contiguous_, x).ptr() != Py_True)
+        method(is_contiguous_, x).ptr() != Py_True || method(is_neg_, x).ptr() != Py_False)
         return -1;
     int64_t nbytes = static_cast<int64_t>(spec.itemsize);
     for (size_t axis = 0; axis < spec.rank; ++axis) nbytes *= dim(axis);

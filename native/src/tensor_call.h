@@ -36,7 +36,7 @@ public:
     enum class Result { First = 0, Tuple = 1, Rebuild = 2 };  // the one output, a tuple, rebuild(list)
 
     // api: "type" (torch.Tensor), the getters "dtype", "shape", "is_cpu", "layout" and methods
-    // "is_contiguous", "data_ptr" as inspect.getattr_static finds them on torch.Tensor, "strided",
+    // "is_contiguous", "is_neg", "data_ptr" as inspect.getattr_static finds them on torch.Tensor, "strided",
     // and the allocators "np_empty", "from_numpy", "torch_empty".
     // inputs: (dtype, rank, [(axis, size)], [(axis, symbol)], [(axis, postfix)], itemsize) each;
     // outputs: ([postfix per dim], numpy dtype or None, torch dtype, itemsize) each; ranges: the
@@ -62,7 +62,7 @@ private:
     py::object miss_;
     Result result_;
     py::object rebuild_;
-    py::object tensor_type_, dtype_, shape_, is_cpu_, layout_, strided_, is_contiguous_, data_ptr_;
+    py::object tensor_type_, dtype_, shape_, is_cpu_, layout_, strided_, is_contiguous_, is_neg_, data_ptr_;
     py::object np_empty_, from_numpy_, torch_empty_;
 };
 

@@ -1,0 +1,71 @@
+"""Programs whose shapes torch.export decided from the example (a guard it keeps aside, a size it
+assumes to be 2 or more), compiled with dynamic dims and called at sizes where that decision no
+longer holds: each call must equal eager's output or raise as eager does. Each of these returned a
+wrong shape, or read past the end of its input, before 2026-12-02 (found by a fuzzer of random
+programs over views, slices, splits and reshapes)."""
+import pytest
+import torch
+
+import cuvil
+
+
+def _check(compiled, fn, *inputs):
+    """compiled(*inputs) equals fn(*inputs) in shape and values, or both raise."""
+    try:
+        want = fn(*inputs)
+    except (IndexError, RuntimeError):
+        with pytest.raises(cuvil.CuvilError):
+            compiled(*inputs)
+        return
+    got = compiled(*inputs)
+    assert got.shape == want.shape, (tuple(got.shape), tuple(want.shape))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("expr", ["x[:, 1:2]", "x[:, 1]", "x[:, -2]", "x.narrow(1, 1, 1)"])
+def test_a_constant_bound_holds_only_from_its_size(expr):
+    # torch's trace assumes a dynamic size of 2 or more: x[:, 1:2] is one column wide in its shapes
+    # at every size, and the compiled program read past a one-column input
+    fn = eval(f"lambda x: ({expr}) * 2.0")
+    c = cuvil.compile(fn, dynamic={"x": {1: "A"}}, cache=False)
+    for width in (5, 1, 2, 7):
+        _check(c, fn, torch.randn(3, width))
+
+
+def test_the_last_piece_of_a_split_follows_the_size():
+    # torch keeps the example's count of pieces ((C + 2)//3 == 2 at C = 6) as a guard aside; the
+    # last piece was C - 3 rows at every size
+    def f(x: "f32[C,2]"):
+        return x.split(3, 0)[-1]
+    c = cuvil.compile(f, cache=False)
+    for rows in (6, 12, 13, 3, 4):
+        _check(c, f, torch.randn(rows, 2))
+
+
+def test_a_reshape_whose_count_the_example_fixed():
+    # reshape(4, -1) of a 2 x 2 example: torch's guard A*B == 4 left aside, the result was A*B x 1
+    def f(y):
+        return y.reshape(4, -1) * 2.0
+    for dynamic in (True, {"y": {0: "A", 1: "B"}}):
+        c = cuvil.compile(f, dynamic=dynamic, cache=False)
+        for shape in ((2, 2), (4, 4), (6, 6), (8, 3)):
+            _check(c, f, torch.randn(*shape))
+
+
+def test_one_name_over_two_inputs_takes_the_narrower_range():
+    # torch narrowed y's size (y[:3] from 3) and not x's; Cuvil's one symbol for C kept x's range
+    # and served C = 2 with three rows, the third read past y
+    def f(x, y):
+        return y[:3] + x[:1]
+    c = cuvil.compile(f, dynamic={"x": {0: "C"}, "y": {0: "C"}}, cache=False)
+    for rows in (4, 2, 9, 3):
+        _check(c, f, torch.ones(rows, 2), torch.ones(rows, 2))
+
+
+def test_a_slice_from_the_end_of_a_square_input():
+    def f(y):
+        return y[:, -1:3] + 1.0
+    for first in (5, 4):
+        c = cuvil.compile(f, dynamic={"y": {0: "C", 1: "C"}}, cache=False)
+        for size in (first, 2, 1, 7):
+            _check(c, f, torch.randn(size, size))
