@@ -640,7 +640,7 @@ class CompiledModel:
             note = self._plan(reasons, args, kwargs)
             for attempt in range(MAX_REPLANS + 1):
                 try:
-                    variant = self._compile(args, kwargs)
+                    variant = self._compile(args, kwargs, static=note.get("static_dims", frozenset()))
                     break
                 except CuvilError as e:
                     if attempt == MAX_REPLANS or not self._replan(note, e):
@@ -701,7 +701,7 @@ class CompiledModel:
                 dim = named.setdefault((m.was, m.size), f"{name}_dim{m.axis}")
                 self._auto.setdefault(name, {})[m.axis] = dim
                 note["auto"].append((name, m.axis))
-            elif m.kind == "range":
+            elif m.kind == "range" and m.size > 0:     # an empty dim gets a static variant (`_narrowed_past`)
                 hint = guard.hints[m.symbol] or m.symbol
                 lo, hi = guard.ranges[guard.symbols.index(m.symbol)]
                 # a cache grows a token a step: its length's range doubles, not one step a compile
@@ -729,6 +729,11 @@ class CompiledModel:
             return True
         if note.get("all_dynamic"):
             self._all_dynamic = False
+            note["static"] = str(e).splitlines()[0]
+            return True
+        automatic = {d for axes in self._auto.values() for d in axes.values()}
+        if automatic and not note.get("static_dims"):     # earlier calls' dynamic dims may not fit this one
+            note["static_dims"] = automatic         # (a broadcast input: (8,) where both were (n, 8))
             note["static"] = str(e).splitlines()[0]
             return True
         return False

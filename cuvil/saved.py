@@ -219,18 +219,27 @@ def load(path: str | os.PathLike, threads: int | None = None) -> SavedModel:
     except FileNotFoundError:
         raise CuvilError(f"{path}: no such file") from None
     except Exception as e:
-        raise CuvilError(f"{path}: not a saved Cuvil model ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        raise CuvilError(f"{path}: not a saved Cuvil model ({_first_line(e)})") from None
     if manifest.get("format") != FORMAT:
         raise CuvilError(f"{path}: not a saved Cuvil model")
     if manifest.get("version") not in READS:
         raise CuvilError(f"{path}: saved in format version {manifest.get('version')} (by Cuvil "
                          f"{manifest.get('cuvil')}); this Cuvil ({__version__}) reads versions "
                          f"{', '.join(map(str, READS))}")
-    data = _unblob(manifest, data)
     if threads is not None:
         set_num_threads(threads)
-    variants = [_load_variant(path, state, data) for state in manifest["variants"]]
-    return SavedModel(path, variants, _signature(manifest["signature"]), manifest.get("extra"))
+    try:
+        data = _unblob(manifest, data)
+        variants = [_load_variant(path, state, data) for state in manifest["variants"]]
+        signature = _signature(manifest["signature"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:     # a manifest that lies
+        raise CuvilError(f"{path}: the saved model is damaged ({_first_line(e)})") from None
+    return SavedModel(path, variants, signature, manifest.get("extra"))
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:

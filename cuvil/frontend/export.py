@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any, Container
@@ -30,6 +31,10 @@ from .locations import exception_frame, record_user_frames
 from .size_conditions import SizeConditionError, check_kept_guards, check_size_conditions
 
 DEFAULT_RANGE = (1, 4096)
+# torch.export keeps its tracing state in the process (a dispatch mode, the module being
+# exported): two threads exporting at once broke each other's trace ("ProxyTorchDispatchMode slot
+# already occupied"). Re-entrant: a model may compile another inside its own export.
+_TRACING = threading.RLock()
 # Exports one capture may try with the narrower ranges the last one suggested (each condition
 # found can narrow a range again: a reshape's A*B % 4 == 0 after a split's bound on A)
 MAX_FIXES = 3
@@ -157,7 +162,7 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
             _settle_open_dims(ep, hints, open_dims)
         return ep
     try:
-        with torch.no_grad():
+        with _TRACING, torch.no_grad():
             # guards on sizes that are not bounds (wav2vec2's `1 % (n//20 - 1) != 0`), which torch's
             # solver cannot prove over the range, fail the export: export again with them as
             # `_assert_scalar` nodes, and decide them at every size (size_conditions.py). HF's mask

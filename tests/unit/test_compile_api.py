@@ -758,3 +758,48 @@ def test_a_tensor_with_torchs_lazy_negation_is_read_as_its_values():
     x = torch.ones(6)
     for a, b in ((x, s), (neg, s), (x, neg), (x, neg)):     # compiles, then the native fast path
         torch.testing.assert_close(c(a, b), a * b + 0.0, rtol=0, atol=0)
+
+
+def test_models_compiled_in_several_threads_at_once():
+    # torch.export keeps its tracing state in the process: three first calls at once once failed
+    # with "ProxyTorchDispatchMode slot already occupied" and other torch internals
+    results = {}
+
+    def first_call(j):
+        m = torch.nn.Sequential(torch.nn.Linear(16 + j, 32), torch.nn.ReLU()).eval()
+        x = torch.randn(3, 16 + j)
+        try:
+            results[j] = torch.allclose(cuvil.compile(m, cache=False)(x), m(x), atol=1e-5)
+        except Exception as e:        # the assertion below names it
+            results[j] = e
+    threads = [threading.Thread(target=first_call, args=(j,)) for j in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {0: True, 1: True, 2: True}
+
+
+def test_a_broadcast_input_after_automatic_dynamic_dims_compiles_static():
+    # (n, 8) + (n, 8) made dim 0 of both dynamic, one name; a later (4, 8) + (8,) put that name on
+    # the vector's 8 and failed ("L['y'].size()[0] = 8 is not equal to L['x'].size()[0] = 4")
+    def f(x, y):
+        return torch.relu(x) + y * 2
+    c = cuvil.compile(f, cache=False)
+    for shapes in (((4, 8), (4, 8)), ((5, 8), (5, 8)), ((4, 8), (8,)), ((6, 8), (6, 8))):
+        x, y = (torch.randn(*s) for s in shapes)
+        torch.testing.assert_close(c(x, y), f(x, y))
+    assert "compiled static" in c.explain_recompiles()[1]
+
+
+def test_an_empty_batch_after_a_full_one():
+    # a size 0 after a compile for 4: the capture sees it as 2 and keeps the dim dynamic from 1 or 2,
+    # a variant that does not serve 0 ("internal error: a variant compiled for this call does not
+    # accept it"), or, for a named dim, a range widened to (0, 4096) that the checks refused
+    def f(x, y):
+        return torch.relu(x) + y * 2
+    for dynamic in (None, {"x": {0: "b"}, "y": {0: "b"}}):
+        c = cuvil.compile(f, cache=False, dynamic=dynamic)
+        for n in (4, 0, 3):
+            x, y = torch.randn(n, 8), torch.randn(n, 8)
+            torch.testing.assert_close(c(x, y), f(x, y))

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 import torch
@@ -151,6 +152,26 @@ def test_files_that_are_not_saved_models(tmp_path):
                tmp_path / "future.cuvil")
     with pytest.raises(cuvil.CuvilError, match="format version 99"):
         cuvil.load(tmp_path / "future.cuvil")
+
+
+def test_damaged_saved_models_are_refused_by_name(tmp_path):
+    # a pickle cut in half raised torch's EOFError, whose empty message broke the error's own
+    # formatting (IndexError); a manifest that names what the file lacks raised a bare KeyError
+    c = cuvil.compile(lambda x: x * 2, cache=False)
+    c(torch.randn(3))
+    c.save(tmp_path / "f.cuvil")
+    with zipfile.ZipFile(tmp_path / "f.cuvil") as z, zipfile.ZipFile(tmp_path / "cut.cuvil", "w") as out:
+        for n in z.namelist():
+            b = z.read(n)
+            out.writestr(n, b[:len(b) // 2] if n.endswith("data.pkl") else b)
+    with pytest.raises(cuvil.CuvilError, match="not a saved Cuvil model"):
+        cuvil.load(tmp_path / "cut.cuvil")
+    data = torch.load(tmp_path / "f.cuvil", weights_only=True)
+    manifest = json.loads(data["manifest"])
+    del manifest["variants"][0]["program"]
+    torch.save({**data, "manifest": json.dumps(manifest)}, tmp_path / "lies.cuvil")
+    with pytest.raises(cuvil.CuvilError, match="the saved model is damaged .KeyError: 'program'"):
+        cuvil.load(tmp_path / "lies.cuvil")
 
 
 def test_a_file_of_the_previous_format_still_loads(tmp_path):
