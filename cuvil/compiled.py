@@ -854,6 +854,7 @@ class CompiledModel:
                 dynamic = {n: h for n, h in zip(names, dynamic) if h}
             else:
                 dynamic = {n: a.hints() for n, a in function_annotations(self._forward()).items() if a.hints()}
+            self._check_names(dynamic)
             self._dynamic = dynamic
         values = _named(self._forward(), example)
         out: dict[str, dict[int, str]] = {}
@@ -865,7 +866,26 @@ class CompiledModel:
                 for axis, dim in axes.items():
                     if isinstance(x, torch.Tensor) and -x.dim() <= axis < x.dim():
                         out.setdefault(name, {})[axis % x.dim()] = dim
+                    elif isinstance(x, torch.Tensor) and src is self._dynamic:
+                        raise CuvilError(f"dynamic dim {dim!r} is given for axis {axis} of input '{name}', "
+                                         f"which has {x.dim()} dims (shape {tuple(x.shape)})")
         return static_new_tokens(values, out)
+
+    def _check_names(self, dynamic: dict) -> None:
+        """A typo in `dynamic=` or `ranges=` is an error, not a static compile: every input named
+        is a parameter of the forward (any name, where it takes **kwargs), every dim with a
+        declared range is named by a hint."""
+        params = inspect.signature(self._forward()).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            unknown = [n for n in dynamic if n not in params]
+            if unknown:
+                raise CuvilError(f"dynamic= names input(s) {unknown}, which {self._name()} does not take; its "
+                                 f"parameters are {list(params)}")
+        dims = {d for axes in dynamic.values() if isinstance(axes, dict) for d in axes.values()}
+        stray = sorted(set(self.options.ranges or {}) - dims - {PAST}) if dynamic else []
+        if stray:
+            raise CuvilError(f"ranges= names dim(s) {stray}, which no dynamic hint names; the hints name "
+                             f"{sorted(dims)}")
 
     def _param_names(self, args: tuple, kwargs: dict) -> set[str]:
         return set(_named(self._forward(), _as_example(self._forward(), args, kwargs)))

@@ -51,12 +51,23 @@ def _log_fallback(reason: str) -> None:
 
 
 class CompiledGraph:
-    """What the backend returns for a graph: called with all of Dynamo's inputs."""
+    """What the backend returns for a graph: called with all of Dynamo's inputs. A call that
+    autograd records (grad enabled, an input that requires grad: a parameter, in training) runs
+    the graph in eager PyTorch: Cuvil computes no gradients, and its outputs would be detached
+    (a loss.backward() through them once ran and gave wrong gradients)."""
 
     def __init__(self, graph: "GraphFunction", compiled: CompiledModel):
         self.graph, self.compiled = graph, compiled
+        self._warned = False
 
     def __call__(self, *args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if not self._warned:
+                self._warned = True
+                _log_fallback("autograd records this call (an input requires grad and grad is enabled); Cuvil "
+                              "computes no gradients. Call the model under torch.no_grad() or "
+                              "torch.inference_mode() for Cuvil's kernels")
+            return self.graph.gm(*args)
         return self.compiled(*self.graph.tensor_inputs(args))
 
 

@@ -129,3 +129,25 @@ def test_a_decoding_step_whose_keys_and_values_dynamo_sizes_apart_runs_natively(
         past_k, past_v = want[1], want[2]
     assert backend.all_native(), [g.compiled.fallback_reason for g in backend.graphs]
     assert backend.graphs[-1].compiled.num_variants == 1         # every later length
+
+
+def test_a_call_autograd_records_runs_in_eager_with_its_gradients(caplog):
+    # with grad enabled the parameters require grad: Cuvil's outputs were detached, and a backward
+    # through them gave the input a wrong gradient and the weights none
+    model = small_model()
+    backend = Recorder()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(3, 8, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="cuvil"):
+        compiled(x).square().sum().backward()
+    got, weight = x.grad.clone(), model[0].weight.grad.clone()
+    x.grad = None
+    model.zero_grad()
+    model(x).square().sum().backward()
+    torch.testing.assert_close(got, x.grad)
+    torch.testing.assert_close(weight, model[0].weight.grad)
+    assert "Cuvil computes no gradients" in caplog.text
+    with torch.no_grad():        # and without autograd (a graph of its own for Dynamo), Cuvil's kernels
+        torch.testing.assert_close(compiled(x), model(x))
+    last = backend.graphs[-1]
+    assert isinstance(last, CompiledGraph) and last.compiled.num_variants == 1 and last.compiled.fallback_reason is None
