@@ -227,13 +227,13 @@ class Guard:
             tensors = [leaves[i] for i in self.tensor_positions]
         if self.static_shapes is not None:     # no symbols: compare whole shapes
             for x, (dtype, shape) in zip(tensors, self.static_shapes):
-                if not isinstance(x, torch.Tensor) or x.dtype is not dtype or x.shape != shape \
+                if not isinstance(x, torch.Tensor) or x.is_nested or x.dtype is not dtype or x.shape != shape \
                         or not x.is_cpu or x.layout is not torch.strided:
                     return None
             return tensors, []
         values = [0] * len(self.symbols)
         for x, c in zip(tensors, self.checks):
-            if not isinstance(x, torch.Tensor) or x.dtype is not c.dtype or x.dim() != c.rank \
+            if not isinstance(x, torch.Tensor) or x.is_nested or x.dtype is not c.dtype or x.dim() != c.rank \
                     or not x.is_cpu or x.layout is not torch.strided:
                 return None
             shape = x.shape
@@ -309,6 +309,15 @@ class Mismatch:
     size: int | None = None
     was: int | None = None
     symbol: str | None = None
+
+
+def _unsupported_input(args: tuple, kwargs: dict) -> str | None:
+    """Why Cuvil cannot run a call's tensor input (before compiling for it), or None."""
+    for i, x in enumerate(pytree.tree_leaves((args, kwargs))):
+        if isinstance(x, torch.Tensor) and (x.is_nested or x.device.type != "cpu" or x.layout != torch.strided):
+            what = "a nested tensor" if x.is_nested else f"a {x.layout} tensor on {x.device}"
+            return f"input {i} is {what}; Cuvil runs dense CPU tensors"
+    return None
 
 
 def _same_constant(a, b) -> bool:
@@ -501,14 +510,20 @@ class CompiledModel:
         if kwargs:
             args, kwargs = self._canonical(args, kwargs)
         else:
-            for fast in self._fast:
-                if (out := fast(args)) is not MISS:
-                    return out
+            try:
+                for fast in self._fast:
+                    if (out := fast(args)) is not MISS:
+                        return out
+            except RuntimeError:    # an input it cannot read (a nested tensor's shape): named below
+                pass
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
                 return write_back(args, kwargs, v.run(*hit))
-        variant = self._compile_for(args, kwargs) if self._fallback_reason is None else None
+        unsupported = _unsupported_input(args, kwargs)
+        if unsupported is not None and self.options.fallback != "eager":
+            raise CuvilError(unsupported)
+        variant = self._compile_for(args, kwargs) if self._fallback_reason is None and unsupported is None else None
         if variant is None:
             return self.target(*args, **kwargs)
         hit = variant.guard.match(args, kwargs)

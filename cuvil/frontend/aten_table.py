@@ -677,6 +677,10 @@ def gemm_op(L: Lowering, name: str, *operands, **attrs):
     """A GEMM-based op (linear, matmul, conv2d, sdpa). With f16 or bf16 operands it computes in f32
     and rounds its result once, as torch's CPU kernels accumulate in f32 (Cuvil's GEMMs are f32)."""
     dtype = operands[0].type.dtype
+    mixed = sorted({o.type.dtype.name for o in operands[:2] if o.type.dtype.is_float} - {dtype.name})
+    if dtype.is_float and mixed:      # torch.export's shapes pass this; eager refuses it when it runs
+        L.unsupported(f"operands of dtypes {dtype.name} and {', '.join(mixed)}: a product of mixed float dtypes, "
+                      f"which eager PyTorch refuses too (cast the input to the weights' dtype)")
     if dtype not in (DType.f16, DType.bf16):
         return L.op(name, *operands, **attrs)
     wide = [L.cast(o, DType.f32) if o.type.dtype is dtype else o for o in operands]

@@ -816,3 +816,20 @@ def test_a_typo_in_the_dynamic_hints_is_an_error(options, message):
         return x + 1
     with pytest.raises(cuvil.CuvilError, match=message):
         cuvil.compile(f, cache=False, **options)(torch.ones(2))
+
+
+def test_inputs_cuvil_cannot_run_are_refused_before_compiling():
+    # a meta tensor was compiled for (a whole compile) and then refused as an internal error; a
+    # nested tensor raised torch's "NestedTensorImpl doesn't support sizes" from the call path
+    def f(x):
+        return x * 2 + 1
+    c = cuvil.compile(f, cache=False)
+    c(torch.randn(4, 8))
+    with pytest.raises(cuvil.CuvilError, match="input 0 is a torch.strided tensor on meta; Cuvil runs dense CPU"):
+        c(torch.randn(4, 8, device="meta"))
+    with pytest.raises(cuvil.CuvilError, match="input 0 is a nested tensor"):
+        c(torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)]))
+    assert c.num_variants == 1
+    eager = cuvil.compile(f, cache=False, fallback="eager")
+    nested = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
+    assert eager(nested).is_nested

@@ -267,3 +267,11 @@ def test_integer_truncating_division_rounds_toward_zero_natively():
                 torch.div(a.int(), b.int(), rounding_mode="trunc"))
     for got, want in zip(cuvil.compile(f)(a, b), f(a, b)):
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_product_of_mixed_float_dtypes_is_refused_by_name():
+    # an f16 input into an f32 Linear: torch.export passes it, eager refuses it when it runs; the
+    # import once failed with "internal error importing aten.linear.default"
+    m = torch.nn.Linear(8, 4).eval()
+    with pytest.raises(cuvil.CuvilError, match="operands of dtypes f16 and f32"):
+        cuvil.compile(m, cache=False)(torch.randn(3, 8).half())
