@@ -48,6 +48,7 @@ from .fingerprint import Unfingerprintable
 from .frontend.export import auto_hints, input_names
 from .frontend.hf_caches import PAST, static_new_tokens, write_back
 from . import imports
+from .module_state import ModelState
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
 from .passes import Pipeline
 from .report import CompileReport
@@ -490,6 +491,8 @@ class CompiledModel:
         self._variants: tuple[Variant, ...] = ()
         self._fast: tuple = ()          # the variants' native fast paths (`fast_path`)
         self._recompiles: list[str] = []
+        self._state: ModelState | None = None    # what the variants baked in from the model
+        self._dropped = 0                        # variants dropped because the model changed
         self._lock = threading.Lock()
         self._fallback_reason: str | None = None
         self._report: CompileReport | None = None
@@ -507,6 +510,8 @@ class CompiledModel:
 
     # -- calling
     def __call__(self, *args, **kwargs):
+        if self._state is not None and self._state.changed() >= 0:
+            self._model_changed()
         if kwargs:
             args, kwargs = self._canonical(args, kwargs)
         else:
@@ -558,6 +563,8 @@ class CompiledModel:
 
     def compile_for(self, *args, **kwargs) -> None:
         """Compile for a call like this one now, without running it (the first call would)."""
+        if self._state is not None and self._state.changed() >= 0:
+            self._model_changed()
         if kwargs:
             args, kwargs = self._canonical(args, kwargs)
         if not any(v.guard.match(args, kwargs) is not None for v in self._variants):
@@ -645,7 +652,7 @@ class CompiledModel:
             if self._fallback_reason is not None:
                 return None
             reasons = self._variants[-1].guard.mismatches(args, kwargs) if self._variants else []
-            if len(self._variants) > self.options.max_recompiles:
+            if len(self._variants) + self._dropped > self.options.max_recompiles:
                 self._fallback_reason = (f"max_recompiles={self.options.max_recompiles} reached; calls no "
                                          f"compiled variant accepts run in eager PyTorch")
                 self._recompiles.append(f"eager from now on: {self._fallback_reason} (this call: "
@@ -683,8 +690,21 @@ class CompiledModel:
                                         f"not keep its dims dynamic ({note['static']})")
             self._variants = (*self._variants, variant)
             self._fast = fast_paths(self._variants)
+            self._state = ModelState.of(self.target)     # after the trace, which may set attributes itself
             self._report = variant.compilation.report if isinstance(variant, Variant) else None
             return variant
+
+    def _model_changed(self) -> None:
+        """The model changed since its variants were compiled (`ModelState`): they would answer
+        with the old one, so they are dropped, and the next calls compile again."""
+        with self._lock:
+            index = -1 if self._state is None else self._state.changed()
+            if index < 0:           # another thread dropped them meanwhile
+                return
+            self._recompiles.append(f"the model changed after its compile ({self._state.describe(index)}): "
+                                    f"{len(self._variants)} variant(s) dropped, calls compile again")
+            self._dropped += len(self._variants)
+            self._variants, self._fast, self._state = (), (), None
 
     def _fail(self, e: Exception) -> None:
         if self.options.fallback != "eager":

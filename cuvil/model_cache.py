@@ -31,6 +31,7 @@ import llvmlite
 import llvmlite.binding as llvm
 import torch
 import torch.utils._pytree as pytree
+from torch.nn.modules import module as torch_module
 
 from .codegen.cache import default_cache_dir
 from .codegen.target import Target
@@ -105,6 +106,9 @@ def call_key(target, inputs: dict, hints: dict, ranges: dict) -> ModelKey:
             else:
                 d.add(x, f"input {name}")
     d.add(target, type(target).__name__)
+    # hooks every module call runs, the trace's included (cuvil/module_state.py watches them too)
+    d.add([*torch_module._global_forward_pre_hooks.values(), *torch_module._global_forward_hooks.values()],
+          "torch's global forward hooks")
     return ModelKey(d.structure(), d.tensors)
 
 

@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "pool.h"
 #include "select.h"
+#include "state_snapshot.h"
 #include "tensor_call.h"
 
 namespace py = pybind11;
@@ -451,4 +452,5 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("num_symbols", &Engine::n_symbols)
         .def_property_readonly("num_steps", &Engine::n_steps);
     bind_tensor_call(m);
+    bind_state_snapshot(m);
 }

@@ -1,0 +1,133 @@
+"""The model state a compiled variant baked in, watched on every call.
+
+A compile turns the model's weights into packed constants and its attribute values, submodules
+and hooks into code. A change after the compile (an in-place weight update, `load_state_dict`, a
+parameter or submodule replaced, an attribute rebound, a hook registered, `.train()`) would be
+answered with the old model. `ModelState.of(target)` records what the compile read:
+- for a module and every submodule: its `__dict__`, `_parameters`, `_buffers`, `_modules` and
+  forward (pre-)hooks, entry by entry; the tensors among them by version counter and data pointer;
+- for a function: the globals its code names (and its nested code's), by value, and the modules
+  and tensors among them and in its closure, as above;
+- torch's global forward (pre-)hooks.
+
+`changed()` (native: `cuvil._native.StateSnapshot`) answers in a few µs for BERT-small, and the
+compiled model drops its variants and compiles again (cuvil/compiled.py). What it does not see:
+state inside other objects the model holds (a config object's fields, a list's items), globals
+that the code of the functions it calls names, and a class's methods replaced on the class.
+"""
+from __future__ import annotations
+
+import inspect
+import struct
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+from ._native import StateSnapshot
+
+# the dicts of a module that torch.export reads, and how a change to each is told
+_MODULE_DICTS = {"__dict__": "attribute", "_parameters": "parameter", "_buffers": "buffer",
+                 "_modules": "submodule", "_forward_hooks": "forward hook", "_forward_pre_hooks": "forward pre-hook"}
+
+
+@dataclass(frozen=True)
+class _Watched:
+    owner: str          # who holds the dict: "model.encoder.layer.0" or "globals of f"
+    kind: str           # what its entries are: a key of _MODULE_DICTS, "globals" or "global hooks"
+    whole: bool         # every entry (else only the snapshot's keys)
+
+
+class ModelState:
+    """A snapshot of a compiled model's state. `changed()` (native) is -1 while it holds, else an
+    index for `describe` (see the module docstring)."""
+
+    def __init__(self, watched: list[tuple[_Watched, dict, dict]], tensors: dict[str, torch.Tensor]):
+        """watched: (what, the dict, the entries to watch: all of the dict's, or a part of a function's globals)."""
+        self._watched = watched
+        self._names = list(tensors)
+        native = StateSnapshot([d for _, d, _ in watched], [list(e.items()) for _, _, e in watched],
+                               [w.whole for w, _, _ in watched], list(tensors.values()),
+                               inspect.getattr_static(torch.Tensor, "_version"),
+                               inspect.getattr_static(torch.Tensor, "data_ptr"))
+        self.changed = native.changed
+
+    @staticmethod
+    def of(target) -> "ModelState":
+        hooks = _Watched("torch", "global hooks", True)
+        watched = [(hooks, d, dict(d)) for d in (torch_module._global_forward_hooks,
+                                                  torch_module._global_forward_pre_hooks)]
+        tensors: dict[str, torch.Tensor] = {}
+        modules: dict[str, nn.Module] = {}
+        if isinstance(target, nn.Module):
+            modules["model"] = target
+        elif isinstance(target, types.FunctionType):
+            names = _global_names(target.__code__)
+            found = {n: v for n, v in target.__globals__.items() if n in names}
+            watched.append((_Watched(f"globals of {target.__qualname__}", "globals", False), target.__globals__, found))
+            cells = [c.cell_contents for c in target.__closure__ or () if _has_contents(c)]
+            for name, value in [*found.items(), *((f"{target.__qualname__}'s closure", v) for v in cells)]:
+                if isinstance(value, nn.Module):
+                    modules.setdefault(name, value)
+                elif isinstance(value, torch.Tensor):
+                    tensors.setdefault(name, value)
+        seen: set[int] = set()
+        for root, module in modules.items():
+            for path, m in module.named_modules(prefix=root):
+                if id(m) in seen:
+                    continue
+                seen.add(id(m))
+                for kind in _MODULE_DICTS:
+                    d = vars(m) if kind == "__dict__" else getattr(m, kind, None)
+                    if isinstance(d, dict):
+                        watched.append((_Watched(path, kind, True), d, dict(d)))
+                        if kind in ("__dict__", "_parameters", "_buffers"):
+                            tensors.update({f"{path}.{k}": v for k, v in d.items() if isinstance(v, torch.Tensor)})
+        return ModelState(watched, tensors)
+
+    def describe(self, index: int) -> str:
+        """What changed, for the recompile's reason: the entry or tensor behind `changed()`'s index."""
+        if index >= len(self._watched):
+            return f"{self._names[index - len(self._watched)]} was modified in place"
+        w, d, old = self._watched[index]
+        if w.kind == "global hooks":
+            return "a global forward hook was registered or removed"
+        if w.kind in ("_forward_hooks", "_forward_pre_hooks"):
+            return f"a {_MODULE_DICTS[w.kind]} of {w.owner} was registered or removed"
+        now = d if w.whole else {k: d[k] for k in old if k in d}
+        keys = [k for k in (*old, *now) if k not in old or k not in now or not _same(old[k], now[k])]
+        what = _MODULE_DICTS.get(w.kind, "global")
+        if not keys:
+            return f"the {what}s of {w.owner} were reordered"
+        key = keys[0]
+        name = f"{w.owner}.{key}" if w.kind in _MODULE_DICTS else f"{key} ({w.owner})"
+        if key not in now:
+            return f"{what} {name} was deleted"
+        return f"{what} {name} was {'added' if key not in old else 'rebound'}"
+
+
+def _same(a, b) -> bool:
+    """The native check's rule: the same object, or an equal exact float (by bits), int or str."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or type(a) not in (float, int, str):
+        return False
+    return struct.pack("<d", a) == struct.pack("<d", b) if type(a) is float else a == b
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _has_contents(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:      # a cell not yet assigned
+        return False
+    return True

@@ -1,0 +1,152 @@
+"""A model changed after its compile (weights updated in place, `load_state_dict`, a parameter or
+an attribute replaced, a hook registered, `.train()`, a global the function reads rebound) is
+answered as eager answers the changed model: the compiled variants baked the old state in, so
+`cuvil/module_state.py` watches it on every call and the model compiles again. Before, every one of
+these returned the old model's result."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cuvil
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))) * self.scale
+
+
+X = torch.randn(3, 16)
+
+
+def _agrees(compiled, model, x=X):
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def _compiled() -> tuple[Scaled, cuvil.CompiledModel]:
+    model = Scaled().eval()
+    compiled = cuvil.compile(model)
+    _agrees(compiled, model)
+    return model, compiled
+
+
+def test_weights_updated_in_place_compile_again_and_say_which():
+    model, compiled = _compiled()
+    with torch.no_grad():
+        model.fc1.weight.mul_(2)
+    _agrees(compiled, model)
+    assert any("model.fc1.weight was modified in place" in r for r in compiled.explain_recompiles())
+
+
+def test_load_state_dict_and_a_replaced_parameter_are_seen():
+    model, compiled = _compiled()
+    torch.manual_seed(1)
+    model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+    _agrees(compiled, model)
+    model.fc2.bias = nn.Parameter(torch.randn(4))
+    _agrees(compiled, model)
+    assert any("parameter model.fc2.bias was rebound" in r for r in compiled.explain_recompiles())
+    model.fc2.weight.data = torch.randn(4, 32)       # a new storage: no version bump, a new address
+    _agrees(compiled, model)
+
+
+def test_a_rebound_attribute_and_a_replaced_submodule_are_seen():
+    model, compiled = _compiled()
+    model.scale = 3.0
+    _agrees(compiled, model)
+    assert any("attribute model.scale was rebound" in r for r in compiled.explain_recompiles())
+    model.fc2 = nn.Linear(32, 4)
+    _agrees(compiled, model)
+    assert compiled.explain_recompiles()[-1].startswith("the model changed after its compile (submodule model.fc2")
+
+
+def test_an_equal_value_rebound_and_calls_alone_do_not_recompile():
+    model, compiled = _compiled()
+    for _ in range(3):
+        model.scale = 2.0 + 0.0 * len(compiled.explain_recompiles())   # a new float object, the same value
+        model.eval()
+        _agrees(compiled, model)
+    assert compiled.explain_recompiles() == [] and compiled.num_variants == 1
+
+
+def test_hooks_registered_and_removed_after_the_compile_are_applied():
+    model, compiled = _compiled()
+    handle = model.fc1.register_forward_hook(lambda m, i, out: out - 0.5)
+    _agrees(compiled, model)
+    assert any("a forward hook of model.fc1 was registered" in r for r in compiled.explain_recompiles())
+    handle.remove()
+    _agrees(compiled, model)
+    pre = model.register_forward_pre_hook(lambda m, args: (args[0] * 3,))
+    _agrees(compiled, model)
+    pre.remove()
+    glob = nn.modules.module.register_module_forward_hook(lambda m, i, out: out + 1 if m is model else out)
+    try:
+        _agrees(compiled, model)
+    finally:
+        glob.remove()
+    _agrees(compiled, model)
+
+
+def test_train_mode_after_the_compile_is_seen():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).eval()
+    compiled = cuvil.compile(model, fallback="eager")
+    x = torch.randn(6, 8)
+    _agrees(compiled, model, x)
+    model.train()       # batch statistics instead of the running ones
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = nn.Sequential(model[0], nn.BatchNorm1d(8).train())(x)
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-4, atol=1e-4)
+    assert any("attribute model.training was rebound" in r for r in compiled.explain_recompiles())
+
+
+SCALE = 2.0
+NET = nn.Linear(4, 4)
+
+
+def test_a_function_sees_its_globals_and_the_modules_it_calls_change():
+    global SCALE
+
+    @cuvil.compile
+    def f(x):
+        return NET(x) * SCALE
+
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(f(x), NET(x) * SCALE)
+    SCALE = 5.0
+    try:
+        torch.testing.assert_close(f(x), NET(x) * 5.0)
+        assert any("global SCALE" in r for r in f.explain_recompiles())
+        with torch.no_grad():
+            NET.weight.add_(1)
+        torch.testing.assert_close(f(x), NET(x) * 5.0)
+        assert any("NET.weight was modified in place" in r for r in f.explain_recompiles())
+    finally:
+        SCALE = 2.0
+
+
+def test_a_model_that_keeps_changing_runs_in_eager_after_max_recompiles():
+    model = Scaled().eval()
+    compiled = cuvil.compile(model, max_recompiles=2, fallback="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(5):
+            model.scale = float(step)
+            _agrees(compiled, model)
+    assert compiled.fallback_reason is not None and "max_recompiles=2" in compiled.fallback_reason
+    assert any("max_recompiles=2" in str(w.message) for w in caught)
