@@ -521,6 +521,8 @@ class CompiledModel:
                         return out
             except RuntimeError:    # an input it cannot read (a nested tensor's shape): named below
                 pass
+        if torch.compiler.is_compiling():   # traced inside another compile (torch.export): the model itself
+            return self.target(*args, **kwargs)
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:

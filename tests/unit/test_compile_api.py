@@ -832,3 +832,18 @@ def test_inputs_cuvil_cannot_run_are_refused_before_compiling():
     eager = cuvil.compile(f, cache=False, fallback="eager")
     nested = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
     assert eager(nested).is_nested
+
+
+def test_a_compiled_model_called_inside_another_compile_is_traced_as_its_model():
+    # until 2026-12-02 the outer capture ran the inner variant on torch.export's fake tensors and
+    # failed with "Cannot access data pointer of Tensor"
+    model = Net().eval()
+    inner = cuvil.compile(model)
+    x = torch.randn(3, 16)
+    fresh = cuvil.compile(lambda x: cuvil.compile(model)(x).relu())    # an inner one never called
+    inner(x)
+    outer = cuvil.compile(lambda x: inner(x).relu() + 1)
+    with torch.no_grad():
+        torch.testing.assert_close(outer(x), model(x).relu() + 1)
+        torch.testing.assert_close(fresh(x), model(x).relu())
+        torch.testing.assert_close(inner(x), model(x))
