@@ -830,10 +830,9 @@ class CompiledModel:
             raise compilation.error
         variant = Variant(imported, compilation, Guard.of(imported, leaves), sizes)
         if key is not None and variant.native.executable is not None:
-            t = time.perf_counter()
-            why_not = store_entry(key, variant, self._saved_signature(), self._name())
-            compilation.report.phases.append({"name": "model_cache_store", "time_s": time.perf_counter() - t,
-                                              **({"error": why_not} if why_not else {})})
+            phase = {"name": "model_cache_store", "time_s": 0.0, "background": True}
+            compilation.report.phases.append(phase)
+            store_entry(key, variant, self._saved_signature(), self._name(), phase)
         return variant
 
     def _call_key(self, example, hints: dict, phases: list[dict]) -> ModelKey | None:

@@ -15,7 +15,9 @@ that cannot be read, is a miss (and is rewritten). What a hit lacks (the Compile
 torch.export capture) is compiled on demand when asked for.
 
 Entries live in `$CUVIL_CACHE_DIR/models` (default `~/.cache/cuvil/models`), one file per key,
-written atomically; a model whose tensors pass `$CUVIL_MODEL_CACHE_MAX_GIB` (2 by default) is not
+written atomically, in a background thread (BERT-small's 14 MB took 85 ms of its cold compile;
+`flush()` waits for the writes, and so does every read of the cache and the process's exit); a
+model whose tensors pass `$CUVIL_MODEL_CACHE_MAX_GIB` (2 by default) is not
 written, since its entry would copy them. `cache="objects"` keeps only the object cache (torch.export and the passes
 always run); `cache=False` neither.
 """
@@ -24,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +128,7 @@ def load_entry(key: ModelKey, args: tuple, kwargs: dict):
     """The cached variant for `key` if there is one that accepts the call (a `saved._SavedVariant`),
     else None. An entry that cannot be loaded is removed."""
     from .saved import load
+    flush()
     path = entry_path(key.name)
     try:
         if not path.exists():
@@ -146,20 +151,43 @@ def load_entry(key: ModelKey, args: tuple, kwargs: dict):
     return None
 
 
-def store_entry(key: ModelKey, variant, signature, model: str) -> str | None:
-    """Write `variant` (of the model named `model`) under `key`; None, or why it was not stored."""
+_writes: list[threading.Thread] = []        # entries being written
+_write_lock = threading.Lock()              # one write at a time (they share a partial file's name)
+
+
+def store_entry(key: ModelKey, variant, signature, model: str, phase: dict) -> None:
+    """Write `variant` (of the model named `model`) under `key`, in a background thread. `phase`
+    (the compile report's `model_cache_store`) gets the write's `time_s` when it ends, and an
+    `error` saying why, where the entry is not written."""
     from .saved import save
     path = entry_path(key.name)
     size, limit = sum(t.nbytes for t in key.tensors), max_entry_bytes()
     if size > limit:
-        return (f"not stored: the model's {size / 2**30:.2f} GiB of tensors are over the limit of "
-                f"{limit / 2**30:.2f} GiB an entry (${MAX_ENTRY_ENV})")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save(path, [variant], signature, extra={"weights": key.weights(), "model": model})
-    except Exception as e:    # the compile succeeded: a cache that cannot take it is no reason to fail
-        return f"{type(e).__name__}: {e}"
-    return None
+        phase["error"] = (f"not stored: the model's {size / 2**30:.2f} GiB of tensors are over the limit of "
+                          f"{limit / 2**30:.2f} GiB an entry (${MAX_ENTRY_ENV})")
+        return
+    weights = key.weights()     # here, not in the thread: the weights the compile read (the import hashed them)
+
+    def write() -> None:
+        t = time.perf_counter()
+        try:
+            with _write_lock:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save(path, [variant], signature, extra={"weights": weights, "model": model})
+        except Exception as e:    # the compile succeeded: a cache that cannot take it is no reason to fail
+            phase["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            phase["time_s"] = time.perf_counter() - t
+    # not a daemon: the interpreter waits for it at exit, so an entry is never left half-written
+    thread = threading.Thread(target=write, name="cuvil-model-cache-write")
+    _writes.append(thread)
+    thread.start()
+
+
+def flush() -> None:
+    """Wait until the entries being written are written."""
+    while _writes:
+        _writes.pop(0).join()
 
 
 @dataclass
@@ -172,6 +200,7 @@ class Entry:
 
 def entries() -> list[Entry]:
     """The cache's entries, the most recently written first."""
+    flush()
     out = []
     for path in cache_root().glob("*/*.cuvil"):
         try:
@@ -185,6 +214,7 @@ def entries() -> list[Entry]:
 
 def clear() -> int:
     """Remove every entry of the compiled-model cache; how many were removed."""
+    flush()
     n = 0
     for path in cache_root().glob("*/*.cuvil"):
         path.unlink(missing_ok=True)

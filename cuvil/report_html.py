@@ -583,10 +583,10 @@ def summary_html(report: "CompileReport", stages: list[Stage] | None = None,
         ("pipeline", f"<code>{html.escape(report.pipeline)}</code>"),
         ("passes", f"{len(passes)} ({changed} changed the IR, {skipped} skipped), "
                    f"{_ms(sum(p.get('time_s', 0.0) for p in passes))} in passes"),
-        *[(f"phase: {ph['name']}", _ms(ph["time_s"]) + (f" <i>{html.escape(str(ph['error']))}</i>"
-                                                         if ph.get("error") else ""))
+        *[(f"phase: {ph['name']}", _ms(ph["time_s"]) + (" (in the background)" if ph.get("background") else "")
+           + (f" <i>{html.escape(str(ph['error']))}</i>" if ph.get("error") else ""))
           for ph in report.phases],
-        ("compile time", _ms(sum(ph["time_s"] for ph in report.phases))),
+        ("compile time", _ms(sum(ph["time_s"] for ph in report.phases if not ph.get("background")))),
     ])]
     before, after = stages[0].op_counts(), stages[-1].op_counts()
     rows = [("all ops", f"{sum(before.values())} → {sum(after.values())}")]

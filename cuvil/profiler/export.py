@@ -80,9 +80,12 @@ def _ns(seconds: float) -> int:
 
 
 def compile_profile(report: "CompileReport") -> Profile:
-    """The compilation: phases back to back, passes inside "passes", native phases inside "native code"."""
+    """The compilation: phases back to back, passes inside "passes", native phases inside "native code"
+    (not those that ran in the background, after the compile returned: the model cache's write)."""
     top: list[tuple[str, int, list[tuple[str, int, dict]], dict]] = []   # (name, ns, children, args)
     for ph in report.phases:
+        if ph.get("background"):
+            continue
         args = {k: v for k, v in ph.items() if k not in ("name", "time_s")}
         if ph["name"] in NATIVE_PHASES:
             if not top or top[-1][0] != NATIVE_GROUP:
