@@ -8,7 +8,7 @@
 """
 __version__ = "0.1.0"
 
-from .errors import (CuvilError, CuvilParseError, CuvilPassError, CuvilPipelineError, CuvilUnsupportedOpError,
+from .errors import (CuvilError, CuvilIndexError, CuvilParseError, CuvilPassError, CuvilPipelineError, CuvilUnsupportedOpError,
                      CuvilVerifyError)
 from .ir import Module, custom_op, interpret, parse, print_module, verify
 from .frontend import import_model
@@ -19,7 +19,7 @@ from .compiled import CompiledModel, compile
 from .saved import SavedModel, load
 
 __all__ = [
-    "CuvilError", "CuvilParseError", "CuvilPassError", "CuvilPipelineError", "CuvilUnsupportedOpError",
+    "CuvilError", "CuvilIndexError", "CuvilParseError", "CuvilPassError", "CuvilPipelineError", "CuvilUnsupportedOpError",
     "CuvilVerifyError", "Module", "custom_op", "interpret", "parse", "print_module", "verify", "import_model",
     "ModulePass", "PassManager", "Pipeline", "register_pass", "register_pipeline", "CompileReport", "explain",
     "compile", "CompiledModel", "load", "SavedModel",

@@ -41,7 +41,8 @@ from .codegen import workers
 from .codegen.grouping import grouping_for
 from .codegen.target import CROSS_TARGETS, Target
 from .compiler import Compilation, compile_module, paused_gc, pipeline_for, symbol_sizes
-from .errors import CuvilError
+from .errors import CuvilError, CuvilIndexError
+from .index_inputs import index_bounds
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
@@ -145,6 +146,7 @@ class _TensorCheck:
     static: tuple      # (axis, size)
     bind: tuple        # (axis, symbol number)
     derived: tuple     # (axis, postfix expression)
+    values: tuple | None = None     # an index input: (lo, hi, the gather) its values must lie in
 
 
 class Guard:
@@ -159,6 +161,7 @@ class Guard:
         self.ranges = [tuple(symbols[s]) for s in self.symbols]
         self.hints, self.names, self.tensor_positions = hints, names, tensor_positions
         self.checks, self.constants = checks, constants
+        self.indices = [(k, c.values) for k, c in enumerate(checks) if c.values is not None]
         self.static_shapes = None if self.symbols else [
             (c.dtype, torch.Size([n for _, n in c.static])) for c in checks]
         # the common case, a flat tuple of tensors: no pytree walk per call
@@ -172,6 +175,7 @@ class Guard:
         example call's non-tensor arguments as constants."""
         fn = imported.function
         index = {s: i for i, s in enumerate(fn.symbols)}
+        bounds = index_bounds(fn)
         checks = []
         for a in fn.args:
             static, bind, derived = [], [], []
@@ -182,7 +186,9 @@ class Guard:
                     bind.append((axis, index[d.name]))
                 else:
                     derived.append((axis, to_postfix(d, index)))
-            checks.append(_TensorCheck(a.type.dtype.torch, a.type.rank, tuple(static), tuple(bind), tuple(derived)))
+            b = bounds.get(a.index)
+            checks.append(_TensorCheck(a.type.dtype.torch, a.type.rank, tuple(static), tuple(bind), tuple(derived),
+                                       None if b is None else (b.lo, b.hi, b.what)))
         tensors = set(imported.tensor_positions)
         return Guard(imported.exported.call_spec.in_spec, dict(fn.symbols),
                      {s: (imported.symbols[s].hint if s in imported.symbols else None) for s in fn.symbols},
@@ -198,15 +204,15 @@ class Guard:
         return {"in_spec": pytree.treespec_dumps(self.in_spec), "symbols": {s: list(r) for s, r in
                 zip(self.symbols, self.ranges)}, "hints": self.hints, "names": self.names,
                 "tensor_positions": self.tensor_positions,
-                "checks": [[str(c.dtype).removeprefix("torch."), c.rank, c.static, c.bind, c.derived]
+                "checks": [[str(c.dtype).removeprefix("torch."), c.rank, c.static, c.bind, c.derived, c.values]
                            for c in self.checks],
                 "constants": [[i, v] for i, v in self.constants.items()]}
 
     @staticmethod
     def from_state(state: dict) -> "Guard":
         checks = [_TensorCheck(getattr(torch, dtype), rank, tuple(map(tuple, static)), tuple(map(tuple, bind)),
-                               tuple((axis, e) for axis, e in derived))
-                  for dtype, rank, static, bind, derived in state["checks"]]
+                               tuple((axis, e) for axis, e in derived), tuple(values[0]) if values and values[0] else None)
+                  for dtype, rank, static, bind, derived, *values in state["checks"]]
         return Guard(pytree.treespec_loads(state["in_spec"]), {s: tuple(r) for s, r in state["symbols"].items()},
                      state["hints"], state["names"], state["tensor_positions"], checks,
                      {i: v for i, v in state["constants"]})
@@ -231,6 +237,7 @@ class Guard:
                 if not isinstance(x, torch.Tensor) or x.is_nested or x.dtype is not dtype or x.shape != shape \
                         or not x.is_cpu or x.layout is not torch.strided:
                     return None
+            self._check_indices(tensors)
             return tensors, []
         values = [0] * len(self.symbols)
         for x, c in zip(tensors, self.checks):
@@ -253,7 +260,18 @@ class Guard:
             for axis, e in c.derived:
                 if x.shape[axis] != evaluate(e, values):
                     return None
+        self._check_indices(tensors)
         return tensors, values
+
+    def _check_indices(self, tensors) -> None:
+        """Raise as eager would where an index input holds a value its gather has no entry for
+        (a compiled gather would read NaN there: cuvil/index_inputs.py)."""
+        for k, (lo, hi, what) in self.indices:
+            x = tensors[k]
+            if x.numel() and not (lo <= int(x.min()) and int(x.max()) <= hi):
+                bad = ((x < lo) | (x > hi)).nonzero()[0].tolist()
+                raise CuvilIndexError(f"input {k} ({self.names[k]}) holds {int(x[tuple(bad)])} at {bad}, outside "
+                                      f"{what}: indices must lie in [{lo}, {hi}] (eager PyTorch raises IndexError)")
 
     def mismatches(self, args: tuple, kwargs: dict) -> list["Mismatch"]:
         leaves = self.leaves(args, kwargs)
@@ -390,7 +408,8 @@ def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
     generality taken out, and no Python in between."""
     if guard.positional is None:
         return None
-    inputs = [(c.dtype, c.rank, list(c.static), list(c.bind), list(c.derived), c.dtype.itemsize) for c in guard.checks]
+    inputs = [(c.dtype, c.rank, list(c.static), list(c.bind), list(c.derived), c.dtype.itemsize,
+               None if c.values is None else tuple(c.values[:2])) for c in guard.checks]
     outputs = [(shape, _numpy_dtype(dtype), dtype, dtype.itemsize)
                for (shape, _), dtype in zip(call._outputs, call.output_dtypes)]
     spec = call.out_spec

@@ -46,6 +46,10 @@ class CuvilUnsupportedOpError(CuvilError):
         super().__init__(text)
 
 
+class CuvilIndexError(CuvilError, IndexError):
+    """An index input holds a value outside the table it indexes (where eager raises IndexError)."""
+
+
 class CuvilPipelineError(CuvilError):
     """A bad pipeline string: unknown pass, unknown or ill-typed option."""
 

@@ -16,11 +16,26 @@ py::object steal(PyObject* p) {
     return py::reinterpret_steal<py::object>(p);
 }
 
+// Whether the n integers at `data` lie in spec.values (the Python path names the one that does not).
+bool in_range(const void* data, int64_t n, const InputSpec& spec) {
+    auto [lo, hi] = *spec.values;
+    auto check = [&](const auto* v) {
+        bool ok = true;
+        for (int64_t i = 0; i < n; ++i) ok &= (v[i] >= lo) & (v[i] <= hi);   // no branch: vectorises
+        return ok;
+    };
+    return spec.itemsize == 8 ? check(static_cast<const int64_t*>(data)) : check(static_cast<const int32_t*>(data));
+}
+
 InputSpec read_input(py::handle h, size_t i, int n_symbols) {
     std::string where = "TensorCall input " + std::to_string(i);
     auto t = h.cast<py::tuple>();
-    if (t.size() != 6) throw RunError(where + ": expected (dtype, rank, fixed, bound, derived, itemsize)");
-    InputSpec spec{py::reinterpret_borrow<py::object>(t[0]), t[1].cast<size_t>(), {}, {}, {}, t[5].cast<uint64_t>()};
+    if (t.size() != 7) throw RunError(where + ": expected (dtype, rank, fixed, bound, derived, itemsize, values)");
+    InputSpec spec{py::reinterpret_borrow<py::object>(t[0]), t[1].cast<size_t>(), {}, {}, {}, t[5].cast<uint64_t>(), {}};
+    if (!t[6].is_none()) {
+        spec.values = t[6].cast<std::pair<int64_t, int64_t>>();
+        if (spec.itemsize != 8 && spec.itemsize != 4) throw RunError(where + ": checked values must be i64 or i32");
+    }
     for (auto [axis, size] : t[2].cast<std::vector<std::pair<size_t, int64_t>>>()) spec.fixed.emplace_back(axis, size);
     for (auto [axis, symbol] : t[3].cast<std::vector<std::pair<size_t, int>>>()) {
         if (symbol < 0 || symbol >= n_symbols) throw RunError(where + ": symbol " + std::to_string(symbol) + " out of range");
@@ -120,6 +135,7 @@ int64_t TensorCall::accepts(PyObject* x, const InputSpec& spec, std::vector<int6
         return -1;
     int64_t nbytes = static_cast<int64_t>(spec.itemsize);
     for (size_t axis = 0; axis < spec.rank; ++axis) nbytes *= dim(axis);
+    if (spec.values && !in_range(address(x), nbytes / static_cast<int64_t>(spec.itemsize), spec)) return -1;
     shapes.push_back(std::move(shape));
     return nbytes;
 }

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct InputSpec {
     std::vector<std::pair<size_t, int>> bound;      // (axis, symbol)
     std::vector<std::pair<size_t, Expr>> derived;   // (axis, size)
     uint64_t itemsize;
+    std::optional<std::pair<int64_t, int64_t>> values;  // an index input: the (lo, hi) its values must lie in
 };
 
 struct OutputSpec {
@@ -38,7 +40,8 @@ public:
     // api: "type" (torch.Tensor), the getters "dtype", "shape", "is_cpu", "layout" and methods
     // "is_contiguous", "is_neg", "data_ptr" as inspect.getattr_static finds them on torch.Tensor, "strided",
     // and the allocators "np_empty", "from_numpy", "torch_empty".
-    // inputs: (dtype, rank, [(axis, size)], [(axis, symbol)], [(axis, postfix)], itemsize) each;
+    // inputs: (dtype, rank, [(axis, size)], [(axis, symbol)], [(axis, postfix)], itemsize, (lo, hi) or None)
+    // each, the last for an index input whose values are checked (a call with one outside is a miss);
     // outputs: ([postfix per dim], numpy dtype or None, torch dtype, itemsize) each; ranges: the
     // symbols' inclusive (lo, hi).
     TensorCall(std::shared_ptr<const Engine> engine, py::dict api, py::sequence inputs, py::sequence outputs,

@@ -1,0 +1,77 @@
+"""Inputs that are indices: token ids into an embedding, positions into an index_select.
+
+A compiled gather reads a NaN row (0 for an integer table) for an index outside its table, where
+eager PyTorch raises (codegen.md, gathers). For an index tensor the caller passes in, every value
+can be checked at the call instead, before anything runs, and refused as eager refuses it: token
+ids past the vocabulary are the usual case. `index_bounds` finds the arguments whose every
+element reaches a gather's index operand unchanged (through reshapes, permutes, expands and
+integer casts: ops that keep every value, so the check refuses exactly the calls eager refuses),
+and the range the gather accepts; `Guard.match` (cuvil/compiled.py) and the native fast path
+(`TensorCall`) check them on every call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir.core import Function, Operation, Value
+
+# ops whose result holds every value of their first operand, and nothing else
+_KEEP_VALUES = frozenset({"cuvil.reshape", "cuvil.permute", "cuvil.expand", "cuvil.squeeze", "cuvil.unsqueeze",
+                          "cuvil.copy"})
+# gather -> (its index operands, the table dim each indexes, whether negative indices count from the end)
+_GATHERS = {
+    "cuvil.embedding": lambda op: [(op.operands[1], 0)],
+    "cuvil.index_select": lambda op: [(op.operands[1], op.attrs["dim"])],
+    "cuvil.gather": lambda op: [(op.operands[1], op.attrs["dim"])],
+    "cuvil.index": lambda op: [(v, k) for k, v in enumerate(op.operands[1:])],
+}
+_INDEX_DTYPES = ("i64", "i32")
+
+
+@dataclass(frozen=True)
+class IndexBound:
+    lo: int             # the smallest index accepted (-n for advanced indexing, else 0)
+    hi: int             # the largest (n - 1)
+    what: str           # the gather, for the error: "the embedding at model.py:12 (30522 rows)"
+
+
+def index_bounds(fn: Function) -> dict[int, IndexBound]:
+    """{argument number: the values it may hold} for the arguments used as whole gather indices."""
+    out: dict[int, IndexBound] = {}
+    for op in fn.ops:
+        pick = _GATHERS.get(op.name)
+        if pick is None:
+            continue
+        table = op.operands[0].type
+        for index, dim in pick(op):
+            n = table.shape[dim]
+            arg = _source_argument(index)
+            if arg is None or not isinstance(n, int):
+                continue
+            lo = -n if op.name == "cuvil.index" else 0
+            bound = IndexBound(lo, n - 1, _describe(op, dim, n))
+            old = out.get(arg.index)
+            if old is None or bound.hi - bound.lo < old.hi - old.lo:   # the narrowest
+                out[arg.index] = bound
+    return out
+
+
+def _source_argument(v: Value) -> Value | None:
+    """The function argument whose values `v` holds, all of them, or None."""
+    while not v.is_arg:
+        op: Operation = v.owner
+        if op.name == "cuvil.cast" and op.operands[0].type.dtype.value in _INDEX_DTYPES \
+                and v.type.dtype.value == "i64":
+            v = op.operands[0]
+        elif op.name in _KEEP_VALUES and op.operands:
+            v = op.operands[0]
+        else:
+            return None
+    return v if v.type.dtype.value in _INDEX_DTYPES else None
+
+
+def _describe(op: Operation, dim: int, n: int) -> str:
+    where = f" at {op.loc.file}:{op.loc.line}" if op.loc else ""
+    what = op.name.removeprefix("cuvil.")
+    size = f"{n} rows" if op.name == "cuvil.embedding" else f"size {n} in dim {dim}"
+    return f"the {what}{where} ({size})"

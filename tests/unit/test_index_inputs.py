@@ -1,0 +1,96 @@
+"""Index inputs (token ids into an embedding, indices of index_select, gather and advanced
+indexing) holding a value outside their table are refused as eager refuses them, with an
+IndexError naming the input, the value, where it is and the gather (cuvil/index_inputs.py).
+A compiled gather reads NaN there, so until 2026-12-02 such a call returned NaN rows."""
+import pytest
+import torch
+import torch.nn as nn
+
+import cuvil
+from cuvil import CuvilIndexError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = nn.Embedding(50, 8), nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))
+
+
+def _both_refuse(compiled, model, *args, **kwargs):
+    with pytest.raises(IndexError):
+        model(*args, **kwargs)
+    with pytest.raises(CuvilIndexError) as e:
+        compiled(*args, **kwargs)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("dynamic", [None, {"ids": {1: "n"}}])
+def test_token_ids_outside_the_vocabulary_raise_as_in_eager(dynamic):
+    model = Tagger().eval()
+    compiled = cuvil.compile(model, dynamic=dynamic)
+    ids = torch.randint(0, 50, (2, 6))
+    torch.testing.assert_close(compiled(ids), model(ids))
+    bad = ids.clone()
+    bad[1, 4] = 50
+    text = _both_refuse(compiled, model, bad)
+    assert "input 0 (ids) holds 50 at [1, 4]" in text and "embedding" in text and "[0, 49]" in text
+    _both_refuse(compiled, model, bad.t().contiguous().t())     # not contiguous: the general path
+    _both_refuse(compiled, model, ids=bad)                      # a keyword: the general path
+    neg = ids.clone()
+    neg[0, 0] = -1
+    assert "holds -1 at [0, 0]" in _both_refuse(compiled, model, neg)
+    torch.testing.assert_close(compiled(ids), model(ids))       # the variant still serves good calls
+
+
+def test_indices_through_a_cast_and_a_reshape_are_checked_and_a_slice_only_where_read():
+    model = Tagger().eval()
+    through = cuvil.compile(lambda ids: model(ids.reshape(-1).long()))
+    ids = torch.randint(0, 50, (3, 4), dtype=torch.int32)
+    torch.testing.assert_close(through(ids), model(ids.reshape(-1).long()))
+    ids[2, 3] = 77
+    with pytest.raises(CuvilIndexError, match="holds 77 at \\[2, 3\\]"):
+        through(ids)
+    # a slice reads part of the input: the rest may hold anything, as in eager
+    head = cuvil.compile(lambda ids: model(ids[:, :2]))
+    torch.testing.assert_close(head(ids.long()), model(ids.long()[:, :2]))
+
+
+def test_advanced_indexing_takes_negative_indices_and_refuses_past_either_end():
+    f = cuvil.compile(lambda t, i: t[i] * 2)
+    t = torch.randn(10, 3)
+    good = torch.tensor([0, -1, -10, 9])
+    torch.testing.assert_close(f(t, good), t[good] * 2)
+    for value in (10, -11):
+        with pytest.raises(IndexError):
+            t[torch.tensor([value])]
+        with pytest.raises(CuvilIndexError, match=f"holds {value} at \\[0\\].*\\[-10, 9\\]"):
+            f(t, torch.tensor([value]))
+    g = cuvil.compile(lambda t, i: torch.index_select(t, 1, i) + torch.gather(t, 0, i.expand(10, -1)))
+    i = torch.tensor([2, 0, 1])
+    torch.testing.assert_close(g(t, i), torch.index_select(t, 1, i) + torch.gather(t, 0, i.expand(10, -1)))
+    with pytest.raises(CuvilIndexError, match="holds 3 at \\[1\\]"):
+        g(t, torch.tensor([0, 3, 1]))
+
+
+def test_a_saved_model_keeps_the_check(tmp_path):
+    model = Tagger().eval()
+    compiled = cuvil.compile(model)
+    ids = torch.randint(0, 50, (2, 6))
+    compiled(ids)
+    compiled.save(tmp_path / "tagger.cuvil")
+    loaded = cuvil.load(tmp_path / "tagger.cuvil")
+    torch.testing.assert_close(loaded(ids), model(ids))
+    ids[0, 1] = 1000
+    with pytest.raises(CuvilIndexError, match="holds 1000 at \\[0, 1\\]"):
+        loaded(ids)
