@@ -240,8 +240,10 @@ def select(L: Lowering, x, dim, index):
 
 
 def split(L: Lowering, x, _sizes, dim=0):
+    """The pieces' sizes from torch's results, pinned as `x`'s dim was (`_pinned`): over a range
+    that torch narrowed, `x[:-1:3]`'s length is a number while its pieces' read `(1 + s0)//3 - 1`."""
     dim = L.axis(dim, x.type.rank)
-    sizes = [L.symbols.shape(v)[dim] for v in L.val()]
+    sizes = [L.symbols.pin(L.symbols.shape(v)[dim]) for v in L.val()]
     return tuple(L.multi("cuvil.split", [x], dim=dim, sizes=sizes))
 
 
@@ -675,16 +677,43 @@ def inference_batch_norm(L: Lowering, x, weight, bias, mean, var_, training, mom
 
 def gemm_op(L: Lowering, name: str, *operands, **attrs):
     """A GEMM-based op (linear, matmul, conv2d, sdpa). With f16 or bf16 operands it computes in f32
-    and rounds its result once, as torch's CPU kernels accumulate in f32 (Cuvil's GEMMs are f32)."""
+    and rounds its result once, as torch's CPU kernels accumulate in f32 (Cuvil's GEMMs are f32).
+    An integer matmul or linear is computed exactly without a GEMM (`_integer_matmul`)."""
     dtype = operands[0].type.dtype
-    mixed = sorted({o.type.dtype.name for o in operands[:2] if o.type.dtype.is_float} - {dtype.name})
-    if dtype.is_float and mixed:      # torch.export's shapes pass this; eager refuses it when it runs
-        L.unsupported(f"operands of dtypes {dtype.name} and {', '.join(mixed)}: a product of mixed float dtypes, "
-                      f"which eager PyTorch refuses too (cast the input to the weights' dtype)")
+    mixed = sorted({o.type.dtype.name for o in operands[:2]} - {dtype.name})
+    if mixed:      # torch.export's shapes pass this; eager refuses it when it runs
+        L.unsupported(f"operands of dtypes {dtype.name} and {', '.join(mixed)}: a product of mixed dtypes, "
+                      f"which eager PyTorch refuses too (cast one operand to the other's dtype)")
+    if dtype is DType.bool:
+        L.unsupported("a product of bool tensors, which eager PyTorch refuses too (cast them to an integer dtype)")
+    if not dtype.is_float and name in _INTEGER_PRODUCTS:
+        return _INTEGER_PRODUCTS[name](L, *operands)
     if dtype not in (DType.f16, DType.bf16):
         return L.op(name, *operands, **attrs)
     wide = [L.cast(o, DType.f32) if o.type.dtype is dtype else o for o in operands]
     return L.cast(L.op(name, *wide, **attrs), dtype)
+
+
+def _integer_matmul(L: Lowering, a, b):
+    """torch.matmul of integer tensors: a[..., i, k] * b[..., k, j] broadcast over [..., i, k, j]
+    and summed over k. A GEMM computes in f32, whose sums are inexact past 2**24; integer sums are
+    exact, and wrap on overflow as torch's integer kernels do (the i64 sum cast back to the dtype
+    keeps the low bits that the dtype's own sum would)."""
+    rows = a if a.type.rank > 1 else L.op("cuvil.unsqueeze", a, dim=0)
+    cols = b if b.type.rank > 1 else L.op("cuvil.unsqueeze", b, dim=1)
+    products = L.op("cuvil.mul", L.op("cuvil.unsqueeze", rows, dim=rows.type.rank),
+                    L.op("cuvil.unsqueeze", cols, dim=cols.type.rank - 2))
+    out = L.cast(L.op("cuvil.sum", products, dims=[products.type.rank - 2], keepdim=False), a.type.dtype)
+    vectors = [d for d, x in ((out.type.rank - 2, a), (out.type.rank - 1, b)) if x.type.rank == 1]
+    return L.op("cuvil.squeeze", out, dims=vectors) if vectors else out
+
+
+def _integer_linear(L: Lowering, x, weight, bias=None):
+    out = _integer_matmul(L, x, t(L, weight))
+    return out if bias is None else L.op("cuvil.add", out, bias)
+
+
+_INTEGER_PRODUCTS = {"cuvil.matmul": _integer_matmul, "cuvil.linear": _integer_linear}
 
 
 def linear(L: Lowering, x, weight, bias=None):
