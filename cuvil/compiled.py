@@ -28,7 +28,6 @@ import inspect
 import struct
 import threading
 import time
-import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
@@ -41,7 +40,7 @@ from .codegen import workers
 from .codegen.grouping import grouping_for
 from .codegen.target import CROSS_TARGETS, Target
 from .compiler import Compilation, compile_module, paused_gc, pipeline_for, symbol_sizes
-from .errors import CuvilError, CuvilIndexError
+from .errors import CuvilError, CuvilIndexError, warn_user
 from .index_inputs import index_bounds
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
@@ -520,8 +519,8 @@ class CompiledModel:
         self._ranges: dict[str, tuple[int, int]] = dict(self.options.ranges or {})
         self._dynamic: dict[str, dict[int, str]] | None = None
         self._signature: inspect.Signature | None = None
-        self._on_fallback = on_fallback or (lambda reason: warnings.warn(
-            f"cuvil: {self._name()} runs in eager PyTorch: {reason}", stacklevel=5))
+        self._on_fallback = on_fallback or (lambda reason: warn_user(
+            f"cuvil: {self._name()} runs in eager PyTorch: {reason}"))
         if not isinstance(target, nn.Module):
             functools.update_wrapper(self, target)
         if self.options.threads is not None:
@@ -928,14 +927,19 @@ class CompiledModel:
 
     def _check_names(self, dynamic: dict) -> None:
         """A typo in `dynamic=` is an error, not a static compile: every input it names is a
-        parameter of the forward (any name, where it takes **kwargs). (`ranges=` may name dims a
-        model does not have: one dict of ranges serves several models, as the zoo's do.)"""
+        parameter of the forward (any name, where it takes **kwargs). A dim in `ranges=` that no
+        hint names is a warning, not an error: one dict of ranges may serve several models."""
         params = inspect.signature(self._forward()).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             unknown = [n for n in dynamic if n not in params]
             if unknown:
                 raise CuvilError(f"dynamic= names input(s) {unknown}, which {self._name()} does not take; its "
                                  f"parameters are {list(params)}")
+        dims = {d for axes in dynamic.values() if isinstance(axes, dict) for d in axes.values()}
+        stray = sorted(set(self.options.ranges or {}) - dims - {PAST}) if dims else []
+        if stray:
+            warn_user(f"cuvil: ranges= names dim(s) {stray}, which no dynamic= hint of {self._name()} names "
+                      f"(they name {sorted(dims)}): those ranges are not used")
 
     def _param_names(self, args: tuple, kwargs: dict) -> set[str]:
         return set(_named(self._forward(), _as_example(self._forward(), args, kwargs)))

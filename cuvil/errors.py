@@ -5,6 +5,12 @@ Internal bugs are ordinary Python exceptions; everything a user can cause by bad
 """
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
 
 class CuvilError(Exception):
     """Base class of every error Cuvil raises on purpose."""
@@ -56,3 +62,13 @@ class CuvilPipelineError(CuvilError):
 
 class CuvilPassError(CuvilError):
     """A pass failed or broke the IR; names the pass."""
+
+
+def warn_user(message: str) -> None:
+    """A UserWarning attributed to the user's line: the first caller outside Cuvil (and the
+    standard library's decorators it calls through)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+                                 or frame.f_code.co_filename.endswith("contextlib.py")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)

@@ -30,6 +30,10 @@ class ZooEntry:
     dynamic: list[dict[int, str]]
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
 
+    def __post_init__(self):     # the shared ranges, of the dims this model's hints name
+        named = {d for axes in self.dynamic for d in axes.values()}
+        self.ranges = {d: r for d, r in self.ranges.items() if d in named}
+
     @property
     def example_inputs(self) -> tuple:
         return self.inputs()

@@ -847,3 +847,9 @@ def test_a_compiled_model_called_inside_another_compile_is_traced_as_its_model()
         torch.testing.assert_close(outer(x), model(x).relu() + 1)
         torch.testing.assert_close(fresh(x), model(x).relu())
         torch.testing.assert_close(inner(x), model(x))
+
+
+def test_a_range_no_hint_names_is_a_warning_naming_it():
+    f = cuvil.compile(lambda x: x * 2, dynamic={"x": {0: "batch"}}, ranges={"btach": (1, 8)})
+    with pytest.warns(UserWarning, match=r"ranges= names dim\(s\) \['btach'\], which no dynamic= hint .* \['batch'\]"):
+        torch.testing.assert_close(f(torch.ones(3)), torch.full((3,), 2.0))
