@@ -744,7 +744,7 @@ class CompiledModel:
 
     def _plan(self, reasons: list[Mismatch], args: tuple, kwargs: dict) -> dict:
         """Adjust the dynamic dims and ranges for the mismatches that call for it."""
-        note: dict = {"auto": [], "widened": [], "sizes": {}, "all_dynamic": self._all_dynamic}
+        note: dict = {"auto": [], "widened": [], "sizes": {}, "was": {}, "all_dynamic": self._all_dynamic}
         if not self._variants:
             return note
         guard = self._variants[-1].guard
@@ -759,6 +759,7 @@ class CompiledModel:
             elif m.kind == "range" and m.size > 0:     # an empty dim gets a static variant (`_narrowed_past`)
                 hint = guard.hints[m.symbol] or m.symbol
                 lo, hi = guard.ranges[guard.symbols.index(m.symbol)]
+                note["was"].setdefault(hint, self._ranges.get(hint))
                 # a cache grows a token a step: its length's range doubles, not one step a compile
                 self._ranges[hint] = (min(lo, m.size), max(hi, m.size) if hint != PAST else max(2 * hi, m.size))
                 note["widened"] = [w for w in note["widened"] if w[0] != hint] + [(hint, self._ranges[hint])]
@@ -789,6 +790,17 @@ class CompiledModel:
         automatic = {d for axes in self._auto.values() for d in axes.values()}
         if automatic and not note.get("static_dims"):     # earlier calls' dynamic dims may not fit this one
             note["static_dims"] = automatic         # (a broadcast input: (8,) where both were (n, 8))
+            note["static"] = str(e).splitlines()[0]
+            return True
+        if note["sizes"] and not note.get("static_dims"):
+            # no range around this call's size: torch.export fixes the dim (`x[2:]` at size 1, which
+            # its trace sees as 2, an empty slice there): this call's variant has those dims static
+            for hint, was in note["was"].items():
+                if was is None:
+                    self._ranges.pop(hint, None)
+                else:
+                    self._ranges[hint] = was
+            note["static_dims"], note["widened"], note["suggested"] = set(note["sizes"]), [], []
             note["static"] = str(e).splitlines()[0]
             return True
         return False

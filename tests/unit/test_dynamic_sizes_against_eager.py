@@ -69,3 +69,15 @@ def test_a_slice_from_the_end_of_a_square_input():
         c = cuvil.compile(f, dynamic={"y": {0: "C", 1: "C"}}, cache=False)
         for size in (first, 2, 1, 7):
             _check(c, f, torch.randn(size, size))
+
+
+@pytest.mark.parametrize("expr", ["x[2:]", "x[1:5]", "x[:-1:3]"])
+@pytest.mark.parametrize("first", [4, 5])
+def test_a_size_below_a_slice_start_after_a_larger_one(expr, first):
+    # the call of size 1 widened the range to it, torch's trace saw it as 2 (an empty slice there)
+    # and fixed the dim at 2, not at the call's 1: "Constraints violated (n)" until 2026-12-02.
+    # Now that call's variant has the dim static.
+    fn = eval(f"lambda x: ({expr}) * 2.0")
+    c = cuvil.compile(fn, dynamic={"x": {0: "n"}}, cache=False)
+    for n in (first, 1, 0, 3, 8):
+        _check(c, fn, torch.randn(n, 2))
