@@ -236,7 +236,7 @@ class Digest:
                 except ValueError:      # a cell not yet filled
                     value = None
                 self.add(value, name)
-        for name in sorted(_global_names(fn.__code__)):
+        for name in sorted(global_names(fn.__code__)):
             if name in fn.__globals__:
                 self.add(fn.__globals__[name], name)
 
@@ -313,10 +313,10 @@ def _slots(cls: type) -> list[str]:
     return out
 
 
-def _global_names(code: types.CodeType) -> set[str]:
+def global_names(code: types.CodeType) -> set[str]:
     """The names `code` and the code nested in it look up (globals among them)."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names |= _global_names(c)
+            names |= global_names(c)
     return names

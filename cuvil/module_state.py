@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from ._native import StateSnapshot
+from .fingerprint import global_names
 
 # the dicts of a module that torch.export reads, and how a change to each is told
 _MODULE_DICTS = {"__dict__": "attribute", "_parameters": "parameter", "_buffers": "buffer",
@@ -64,7 +65,7 @@ class ModelState:
         if isinstance(target, nn.Module):
             modules["model"] = target
         elif isinstance(target, types.FunctionType):
-            names = _global_names(target.__code__)
+            names = global_names(target.__code__)
             found = {n: v for n, v in target.__globals__.items() if n in names}
             watched.append((_Watched(f"globals of {target.__qualname__}", "globals", False), target.__globals__, found))
             cells = [c.cell_contents for c in target.__closure__ or () if _has_contents(c)]
@@ -115,14 +116,6 @@ def _same(a, b) -> bool:
     if type(a) is not type(b) or type(a) not in (float, int, str):
         return False
     return struct.pack("<d", a) == struct.pack("<d", b) if type(a) is float else a == b
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
 
 
 def _has_contents(cell) -> bool:
