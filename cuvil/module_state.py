@@ -12,7 +12,8 @@ answered with the old model. `ModelState.of(target)` records what the compile re
 
 `changed()` (native: `cuvil._native.StateSnapshot`) answers in a few µs for BERT-small, and the
 compiled model drops its variants and compiles again (cuvil/compiled.py). What it does not see:
-state inside other objects the model holds (a config object's fields, a list's items), globals
+an in-place change to an inference tensor (made under `torch.inference_mode`: torch counts no
+versions for them; a new tensor in its place is seen), state inside other objects the model holds (a config object's fields, a list's items), globals
 that the code of the functions it calls names, and a class's methods replaced on the class.
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ class ModelState:
         self._names = list(tensors)
         native = StateSnapshot([d for _, d, _ in watched], [list(e.items()) for _, _, e in watched],
                                [w.whole for w, _, _ in watched], list(tensors.values()),
+                               [not t.is_inference() for t in tensors.values()],
                                inspect.getattr_static(torch.Tensor, "_version"),
                                inspect.getattr_static(torch.Tensor, "data_ptr"))
         self.changed = native.changed

@@ -50,10 +50,12 @@ bool same_dict(PyObject* d, const py::list& items, bool whole) {
 }  // namespace
 
 StateSnapshot::StateSnapshot(py::list dicts, py::list items, std::vector<bool> whole, py::list tensors,
-                             py::object version, py::object data_ptr)
-    : whole_(std::move(whole)), version_(std::move(version)), data_ptr_(std::move(data_ptr)) {
+                             std::vector<bool> versioned, py::object version, py::object data_ptr)
+    : whole_(std::move(whole)), versioned_(std::move(versioned)), version_(std::move(version)),
+      data_ptr_(std::move(data_ptr)) {
     if (dicts.size() != items.size() || dicts.size() != whole_.size())
         throw py::value_error("StateSnapshot: one items list and one whole flag per dict");
+    if (tensors.size() != versioned_.size()) throw py::value_error("StateSnapshot: one versioned flag per tensor");
     for (size_t i = 0; i < dicts.size(); ++i) {
         if (!PyDict_Check(dicts[i].ptr())) throw py::type_error("StateSnapshot: dicts must be dicts");
         py::list pairs = items[i].cast<py::list>();
@@ -64,19 +66,22 @@ StateSnapshot::StateSnapshot(py::list dicts, py::list items, std::vector<bool> w
         items_.push_back(std::move(pairs));
         tags_.push_back(0);     // compared on the first check
     }
-    for (auto t : tensors) {
-        tensors_.push_back(py::reinterpret_borrow<py::object>(t));
-        marks_.push_back(mark(t.ptr()));
-    }
+    for (auto t : tensors) tensors_.push_back(py::reinterpret_borrow<py::object>(t));
+    for (size_t i = 0; i < tensors_.size(); ++i) marks_.push_back(mark(i));
 }
 
-std::pair<int64_t, int64_t> StateSnapshot::mark(PyObject* tensor) const {
-    py::object v = py::reinterpret_steal<py::object>(
-        Py_TYPE(version_.ptr())->tp_descr_get(version_.ptr(), tensor, reinterpret_cast<PyObject*>(Py_TYPE(tensor))));
-    if (!v) throw py::error_already_set();
+std::pair<int64_t, int64_t> StateSnapshot::mark(size_t i) const {
+    PyObject* tensor = tensors_[i].ptr();
+    int64_t version = -1;
+    if (versioned_[i]) {
+        py::object v = py::reinterpret_steal<py::object>(Py_TYPE(version_.ptr())->tp_descr_get(
+            version_.ptr(), tensor, reinterpret_cast<PyObject*>(Py_TYPE(tensor))));
+        if (!v) throw py::error_already_set();
+        version = v.cast<int64_t>();
+    }
     py::object p = py::reinterpret_steal<py::object>(PyObject_Vectorcall(data_ptr_.ptr(), &tensor, 1, nullptr));
     if (!p) throw py::error_already_set();
-    return {v.cast<int64_t>(), p.cast<int64_t>()};
+    return {version, p.cast<int64_t>()};
 }
 
 uint64_t StateSnapshot::tag(size_t i) const {
@@ -96,15 +101,15 @@ int64_t StateSnapshot::changed() const {
         tags_[i] = now;
     }
     for (size_t i = 0; i < tensors_.size(); ++i)
-        if (mark(tensors_[i].ptr()) != marks_[i]) return static_cast<int64_t>(dicts_.size() + i);
+        if (mark(i) != marks_[i]) return static_cast<int64_t>(dicts_.size() + i);
     return -1;
 }
 
 void bind_state_snapshot(py::module_& m) {
     py::class_<StateSnapshot>(m, "StateSnapshot",
                               "The model state a compiled variant baked in, checked per call (cuvil/module_state.py builds it).")
-        .def(py::init<py::list, py::list, std::vector<bool>, py::list, py::object, py::object>(), py::arg("dicts"),
-             py::arg("items"), py::arg("whole"), py::arg("tensors"), py::arg("version"), py::arg("data_ptr"))
+        .def(py::init<py::list, py::list, std::vector<bool>, py::list, std::vector<bool>, py::object, py::object>(),
+             py::arg("dicts"), py::arg("items"), py::arg("whole"), py::arg("tensors"), py::arg("versioned"), py::arg("version"), py::arg("data_ptr"))
         .def("changed", &StateSnapshot::changed,
              "-1 while nothing changed; else the index of the first changed dict, or len(dicts) + i for tensor i.");
 }

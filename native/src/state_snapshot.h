@@ -16,16 +16,18 @@ public:
     // dicts: the dicts to watch (modules' __dict__, _parameters, hooks, ...), items: a list of each
     // one's (key, value) pairs as they were, whole: per dict, whether those are all its entries (else
     // only those keys are watched: a function's globals); tensors: the tensors whose contents were
-    // compiled in, with the getset descriptor of torch.Tensor._version and the data_ptr method.
-    StateSnapshot(py::list dicts, py::list items, std::vector<bool> whole, py::list tensors, py::object version,
-                  py::object data_ptr);
+    // compiled in, versioned: per tensor, whether it has a version counter (an inference tensor has
+    // none: only its address is watched), with the getset descriptor of torch.Tensor._version and
+    // the data_ptr method.
+    StateSnapshot(py::list dicts, py::list items, std::vector<bool> whole, py::list tensors,
+                  std::vector<bool> versioned, py::object version, py::object data_ptr);
 
     // -1 while everything is as it was; else the index of the first dict that changed, or
     // len(dicts) + i for tensor i (modified in place, or its storage replaced).
     int64_t changed() const;
 
 private:
-    std::pair<int64_t, int64_t> mark(PyObject* tensor) const;
+    std::pair<int64_t, int64_t> mark(size_t i) const;
     uint64_t tag(size_t i) const;  // dict i's version tag, 0 where Python has none
 
     std::vector<py::object> dicts_;
@@ -33,6 +35,7 @@ private:
     std::vector<bool> whole_;
     mutable std::vector<uint64_t> tags_;  // each dict's tag when it last compared equal
     std::vector<py::object> tensors_;
+    std::vector<bool> versioned_;
     std::vector<std::pair<int64_t, int64_t>> marks_;  // (version, data_ptr)
     py::object version_, data_ptr_;
 };

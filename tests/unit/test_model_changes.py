@@ -150,3 +150,13 @@ def test_a_model_that_keeps_changing_runs_in_eager_after_max_recompiles():
             _agrees(compiled, model)
     assert compiled.fallback_reason is not None and "max_recompiles=2" in compiled.fallback_reason
     assert any("max_recompiles=2" in str(w.message) for w in caught)
+
+
+def test_a_model_made_under_inference_mode_compiles_and_a_replaced_weight_is_seen():
+    # inference tensors have no version counter (reading one raised inside the snapshot)
+    with torch.inference_mode():
+        model = Scaled().eval()
+        compiled = cuvil.compile(model)
+        _agrees(compiled, model)
+        model.fc1.weight = nn.Parameter(torch.randn(32, 16))
+        _agrees(compiled, model)
