@@ -74,7 +74,7 @@ class ModelState:
             for name, value in [*found.items(), *((f"{target.__qualname__}'s closure", v) for v in cells)]:
                 if isinstance(value, nn.Module):
                     modules.setdefault(name, value)
-                elif isinstance(value, torch.Tensor):
+                elif _watchable(value):
                     tensors.setdefault(name, value)
         seen: set[int] = set()
         for root, module in modules.items():
@@ -87,7 +87,7 @@ class ModelState:
                     if isinstance(d, dict):
                         watched.append((_Watched(path, kind, True), d, dict(d)))
                         if kind in ("__dict__", "_parameters", "_buffers"):
-                            tensors.update({f"{path}.{k}": v for k, v in d.items() if isinstance(v, torch.Tensor)})
+                            tensors.update({f"{path}.{k}": v for k, v in d.items() if _watchable(v)})
         return ModelState(watched, tensors)
 
     def describe(self, index: int) -> str:
@@ -118,6 +118,18 @@ def _same(a, b) -> bool:
     if type(a) is not type(b) or type(a) not in (float, int, str):
         return False
     return struct.pack("<d", a) == struct.pack("<d", b) if type(a) is float else a == b
+
+
+def _watchable(x) -> bool:
+    """A tensor with memory of its own to watch: not a sparse or meta tensor, nor a fake one a
+    trace left in an attribute (reading their address raises)."""
+    if not isinstance(x, torch.Tensor):
+        return False
+    try:
+        x.data_ptr()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _has_contents(cell) -> bool:
