@@ -139,14 +139,7 @@ def _export(module, args, kwargs, named: list[str], hints: Hints, ranges, sizes:
         except CuvilExportError as e:
             if e.suggested_ranges:      # a range to declare (`capture` exports again with it)
                 raise
-    try:
-        return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, set())
-    except CuvilExportError as e:
-        if not _UNREPORTED_GUARDS.search(e.reason):
-            raise
-    # asked open, the dims' guards stay in torch's ShapeEnv, and Cuvil decides each over the ranges
-    # (`check_kept_guards`), naming the failing one and the range around the example where all hold
-    return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, set(sizes))
+    return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, set())
 
 
 def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, sizes: dict[str, int],
@@ -413,9 +406,6 @@ _DIM_FIX = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
 _STATIC_FIX = re.compile(r"^\s*(\w+) = (\d+)\s*$", re.MULTILINE)     # `C = 2`: the model needs that one size
 
 
-# torch's report of the guards a named dim's range fails crashes on a fractional bound its solver
-# derives from a floor division (`11/2 <= n`, from `(1 + n)//3 != 1`), and loses the guards
-_UNREPORTED_GUARDS = re.compile(r"Expected op to be '==', got \S+ for ")
 _VIOLATION = re.compile(r"Not all values of (\w+) = (\S+) in the specified range .*? satisfy the generated guard (.*)")
 _BOUND = re.compile(r"(?:(\d+) <= (\S+)|(\S+) <= (\d+))")
 
