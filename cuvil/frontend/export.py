@@ -406,6 +406,9 @@ _DIM_FIX = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
 _STATIC_FIX = re.compile(r"^\s*(\w+) = (\d+)\s*$", re.MULTILINE)     # `C = 2`: the model needs that one size
 
 
+# torch's report of a guard a declared range fails crashes on a bound its solver derives from a floor
+# division (`11/2 <= n`, from `(1 + n)//3 != 1`), and loses the guard
+_UNREPORTED_GUARD = re.compile(r"Expected op to be '==', got \S+ for ")
 _VIOLATION = re.compile(r"Not all values of (\w+) = (\S+) in the specified range .*? satisfy the generated guard (.*)")
 _BOUND = re.compile(r"(?:(\d+) <= (\S+)|(\S+) <= (\d+))")
 
@@ -453,6 +456,11 @@ def summarise(e: BaseException, max_lines: int = 10) -> str:
         out = out[:max_lines] + ["..."]
     if "data-dependent" in str(e):
         out.insert(0, "the model branches on, or sizes a tensor by, tensor values (data-dependent control flow):")
+    if _UNREPORTED_GUARD.search(str(e)):
+        out.insert(0, "the model needs a condition on its dynamic sizes that fails somewhere in their declared "
+                      "ranges, and torch.export's report of which one crashed (a fractional bound, from a floor "
+                      "division). Declare a narrower range around the example's size, or none (Cuvil then finds "
+                      "the range itself). torch said:")
     text = "\n".join(out) or type(e).__name__
     # torch suggests its own API; say it in Cuvil's: ranges={"n": (3, 64)}
     return _DIM_FIX.sub(lambda m: f'ranges={{"{m[2]}": ({m[3] or DEFAULT_RANGE[0]}, {m[4] or DEFAULT_RANGE[1]})}}', text)

@@ -156,3 +156,17 @@ def test_a_global_pool_window_pins_its_output_to_one_over_the_ranges():
         x = torch.randn(1, 3, h, w)
         torch.testing.assert_close(c(x), m(x))
     assert c.explain_recompiles() == []
+
+
+def test_a_declared_range_whose_failing_guard_torch_cannot_report_says_what_to_do():
+    # (1 + n)//3 != 1 fails for n < 5: torch's report of it crashes on the bound 11/2 <= n; the
+    # error said only "Expected op to be '==', got <= for 11/2 <= n"
+    def f(x):
+        y = x[:-1:3]
+        return y.split([1, y.shape[0] - 1])
+    c = cuvil.compile(f, dynamic={"x": {0: "n"}}, ranges={"n": (2, 10)})
+    with pytest.raises(CuvilExportError, match="fails somewhere in their declared ranges.*Declare a narrower range"):
+        c(torch.randn(10, 4))
+    undeclared = cuvil.compile(f, dynamic={"x": {0: "n"}})
+    for n in (10, 7):
+        assert [p.shape for p in undeclared(torch.randn(n, 4))] == [p.shape for p in f(torch.randn(n, 4))]
