@@ -225,6 +225,14 @@ def bounds(e, known: Bounds):
         # a bound with a min in it (the last tile's extent) stays unevaluated: evaluating
         # floor(Min(256, n - 256*t)/56 + ...) asks sympy's assumptions about every term (20 ms a bound)
         return tuple(sympy.floor(x / den, evaluate=not sympy.sympify(x).has(sympy.Min, sympy.Max)) for x in b)
+    if e.is_Pow and e.exp.is_Integer and e.exp > 0:     # a square patch grid's count, (h//8)**2
+        b = bounds(e.base, known)
+        if b is None:
+            return None
+        ends = (b[0] ** e.exp, b[1] ** e.exp)
+        if b[0] >= 0 or e.exp % 2:      # monotone there
+            return ends
+        return (sympy.Integer(0) if b[1] >= 0 else min(ends)), max(ends)
     if isinstance(e, sympy.Mod) and e.args[1].is_positive:
         return sympy.Integer(0), e.args[1] - 1
     if isinstance(e, (sympy.Min, sympy.Max)):     # the last tile's extent, min(tile, n - first)

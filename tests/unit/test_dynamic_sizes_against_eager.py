@@ -81,3 +81,27 @@ def test_a_size_below_a_slice_start_after_a_larger_one(expr, first):
     c = cuvil.compile(fn, dynamic={"x": {0: "n"}}, cache=False)
     for n in (first, 1, 0, 3, 8):
         _check(c, fn, torch.randn(n, 2))
+
+
+def test_a_square_patch_grid_fixed_by_a_size_check():
+    # HF ViT's `num_patches == 16 and height == width` narrows h to where (h//8)**2 is 16; the
+    # reshape pinning that count failed the verifier, which could not bound a power (ViT with
+    # interpolate_pos_encoding, DINOv2: found by an architecture sweep)
+    class Patches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Conv2d(3, 8, 8, 8)
+            self.pos = torch.nn.Parameter(torch.randn(1, 16, 8))
+
+        def forward(self, x):
+            e = self.proj(x).flatten(2).transpose(1, 2)
+            if e.shape[1] == 16 and x.shape[2] == x.shape[3]:
+                return e + self.pos
+            return e
+    torch.manual_seed(0)
+    model = Patches().eval()
+    c = cuvil.compile(model, dynamic={"x": {2: "h", 3: "w"}}, cache=False)
+    with torch.no_grad():
+        for hw in ((32, 32), (35, 35), (40, 48), (32, 32)):
+            x = torch.randn(2, 3, *hw)
+            torch.testing.assert_close(c(x), model(x))
