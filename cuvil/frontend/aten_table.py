@@ -1517,6 +1517,7 @@ ATEN_TABLE = {
     operator.sub: symbolic_int,
     operator.mul: symbolic_int,
     operator.floordiv: symbolic_int,
+    operator.neg: symbolic_int,         # -qlen (XLNet's relative positions)
     operator.mod: symbolic_int,
     operator.pow: symbolic_int,         # b * b written b**2 by torch's size arithmetic
     torch.sym_max: symbolic_int,        # max(0, n - s) on sizes; a Max torch cannot simplify stays unsupported
