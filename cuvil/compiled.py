@@ -236,7 +236,6 @@ class Guard:
                 if not isinstance(x, torch.Tensor) or x.is_nested or x.dtype is not dtype or x.shape != shape \
                         or not x.is_cpu or x.layout is not torch.strided:
                     return None
-            self._check_indices(tensors)
             return tensors, []
         values = [0] * len(self.symbols)
         for x, c in zip(tensors, self.checks):
@@ -259,18 +258,18 @@ class Guard:
             for axis, e in c.derived:
                 if x.shape[axis] != evaluate(e, values):
                     return None
-        self._check_indices(tensors)
         return tensors, values
 
-    def _check_indices(self, tensors) -> None:
+    def check_indices(self, tensors) -> None:
         """Raise as eager would where an index input holds a value its gather has no entry for
-        (a compiled gather would read NaN there: cuvil/index_inputs.py)."""
+        (a compiled gather would read NaN there: cuvil/index_inputs.py). Apart from `match`: a call
+        refused so is the caller's error, not a reason to compile another variant."""
         for k, (lo, hi, what) in self.indices:
             x = tensors[k]
             if x.numel() and not (lo <= int(x.min()) and int(x.max()) <= hi):
                 bad = ((x < lo) | (x > hi)).nonzero()[0].tolist()
-                raise CuvilIndexError(f"input {k} ({self.names[k]}) holds {int(x[tuple(bad)])} at {bad}, outside "
-                                      f"{what}: indices must lie in [{lo}, {hi}] (eager PyTorch raises IndexError)")
+                raise CuvilIndexError(f"input '{self.names[k]}' holds {int(x[tuple(bad)])} at {bad}, outside "
+                                      f"{what}: indices must lie in [{lo}, {hi}] (eager PyTorch raises too)")
 
     def mismatches(self, args: tuple, kwargs: dict) -> list["Mismatch"]:
         leaves = self.leaves(args, kwargs)
@@ -528,7 +527,8 @@ class CompiledModel:
 
     # -- calling
     def __call__(self, *args, **kwargs):
-        if self._state is not None and self._state.changed() >= 0:
+        # (inside another compile's trace the model's state is the tracer's: fake tensors in place of weights)
+        if self._state is not None and self._state.changed() >= 0 and not torch.compiler.is_compiling():
             self._model_changed()
         if kwargs:
             args, kwargs = self._canonical(args, kwargs)
@@ -544,6 +544,7 @@ class CompiledModel:
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
+                v.guard.check_indices(hit[0])
                 return write_back(args, kwargs, v.run(*hit))
         unsupported = _unsupported_input(args, kwargs)
         if unsupported is not None and self.options.fallback != "eager":
@@ -555,6 +556,7 @@ class CompiledModel:
         if hit is None:
             raise CuvilError("internal error: a variant compiled for this call does not accept it: "
                              + "; ".join(m.text for m in variant.guard.mismatches(args, kwargs)))
+        variant.guard.check_indices(hit[0])
         return write_back(args, kwargs, variant.run(*hit))
 
     def _canonical(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -568,10 +570,13 @@ class CompiledModel:
     def save(self, path) -> None:
         """Write the compiled variants to `path` for `cuvil.load` (cuvil/saved.py): their programs,
         object code, packed weights and guards. Loading needs neither the model nor torch.export."""
+        if self._state is not None and self._state.changed() >= 0:   # its variants answer for the old model
+            self._model_changed()
         runnable = [v._saved if isinstance(v, CachedVariant) else v for v in self._variants
                     if isinstance(v, CachedVariant) or v.native.kernels.objects]
         if not runnable:
-            raise CuvilError(f"{self._name()}: nothing compiled to save yet; call the model (or compile_for) first")
+            raise CuvilError(f"{self._name()}: nothing compiled to save yet (or the model changed since): call "
+                             f"the model (or compile_for) first")
         from .saved import save
         save(path, runnable, self._saved_signature())
 
@@ -675,8 +680,8 @@ class CompiledModel:
             if len(self._variants) + self._dropped > self.options.max_recompiles:
                 self._fallback_reason = (f"max_recompiles={self.options.max_recompiles} reached; calls no "
                                          f"compiled variant accepts run in eager PyTorch")
-                self._recompiles.append(f"eager from now on: {self._fallback_reason} (this call: "
-                                        + "; ".join(m.text for m in reasons) + ")")
+                why = "; ".join(m.text for m in reasons) or "the model changed since its variants were compiled"
+                self._recompiles.append(f"eager from now on: {self._fallback_reason} (this call: {why})")
                 self._on_fallback(self._fallback_reason)
                 return None
             note = self._plan(reasons, args, kwargs)

@@ -52,8 +52,9 @@ class CuvilUnsupportedOpError(CuvilError):
         super().__init__(text)
 
 
-class CuvilIndexError(CuvilError, IndexError):
-    """An index input holds a value outside the table it indexes (where eager raises IndexError)."""
+class CuvilIndexError(CuvilError, IndexError, RuntimeError):
+    """An index input holds a value outside the table it indexes: eager raises an IndexError there
+    (embedding, index_select, advanced indexing) or a RuntimeError (gather), and this is both."""
 
 
 class CuvilPipelineError(CuvilError):

@@ -19,6 +19,7 @@ is, and the compile goes the long way.
 from __future__ import annotations
 
 import collections
+import dis
 import enum
 import functools
 import hashlib
@@ -314,9 +315,15 @@ def _slots(cls: type) -> list[str]:
 
 
 def global_names(code: types.CodeType) -> set[str]:
-    """The names `code` and the code nested in it look up (globals among them)."""
-    names = set(code.co_names)
+    """The global (or module-level) names `code` and the code nested in it load; not the other
+    names in co_names (`x.values` names `values`, which a global of that name must not stand for)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= global_names(c)
     return names
+
+
+def is_user_code(path: str) -> bool:
+    """Whether code from `path` is the user's (not an installed package's, the standard library's or Cuvil's)."""
+    return _origin(path) is None

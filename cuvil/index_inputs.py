@@ -18,7 +18,7 @@ from .ir.core import Function, Operation, Value
 # ops whose result holds every value of their first operand, and nothing else
 _KEEP_VALUES = frozenset({"cuvil.reshape", "cuvil.permute", "cuvil.expand", "cuvil.squeeze", "cuvil.unsqueeze",
                           "cuvil.copy"})
-# gather -> (its index operands, the table dim each indexes, whether negative indices count from the end)
+# gather -> [(an index operand, the table dim it indexes)]
 _GATHERS = {
     "cuvil.embedding": lambda op: [(op.operands[1], 0)],
     "cuvil.index_select": lambda op: [(op.operands[1], op.attrs["dim"])],
@@ -48,11 +48,13 @@ def index_bounds(fn: Function) -> dict[int, IndexBound]:
             arg = _source_argument(index)
             if arg is None or not isinstance(n, int):
                 continue
-            lo = -n if op.name == "cuvil.index" else 0
+            lo = -n if op.name == "cuvil.index" else 0      # advanced indexing counts negatives from the end
             bound = IndexBound(lo, n - 1, _describe(op, dim, n))
             old = out.get(arg.index)
-            if old is None or bound.hi - bound.lo < old.hi - old.lo:   # the narrowest
-                out[arg.index] = bound
+            if old is not None:     # read by several gathers: what every one of them accepts
+                what = old.what if bound.what in old.what else f"{old.what} and {bound.what}"
+                bound = IndexBound(max(lo, old.lo), min(n - 1, old.hi), what)
+            out[arg.index] = bound
     return out
 
 

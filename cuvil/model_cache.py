@@ -151,8 +151,9 @@ def load_entry(key: ModelKey, args: tuple, kwargs: dict):
     return None
 
 
-_writes: list[threading.Thread] = []        # entries being written
-_write_lock = threading.Lock()              # one write at a time (they share a partial file's name)
+_writes: list[threading.Thread] = []        # entries being written (or written, not yet flushed)
+_writes_lock = threading.Lock()             # guards the list: several threads may flush at once
+_write_lock = threading.Lock()              # one write at a time: two of one entry share a partial file's name
 
 
 def store_entry(key: ModelKey, variant, signature, model: str, phase: dict) -> None:
@@ -180,14 +181,19 @@ def store_entry(key: ModelKey, variant, signature, model: str, phase: dict) -> N
             phase["time_s"] = time.perf_counter() - t
     # not a daemon: the interpreter waits for it at exit, so an entry is never left half-written
     thread = threading.Thread(target=write, name="cuvil-model-cache-write")
-    _writes.append(thread)
+    with _writes_lock:
+        _writes.append(thread)
     thread.start()
 
 
 def flush() -> None:
     """Wait until the entries being written are written."""
-    while _writes:
-        _writes.pop(0).join()
+    with _writes_lock:
+        pending = list(_writes)
+    for thread in pending:
+        thread.join()
+    with _writes_lock:
+        _writes[:] = [t for t in _writes if t.is_alive()]
 
 
 @dataclass

@@ -6,18 +6,21 @@ parameter or submodule replaced, an attribute rebound, a hook registered, `.trai
 answered with the old model. `ModelState.of(target)` records what the compile read:
 - for a module and every submodule: its `__dict__`, `_parameters`, `_buffers`, `_modules` and
   forward (pre-)hooks, entry by entry; the tensors among them by version counter and data pointer;
-- for a function: the globals its code names (and its nested code's), by value, and the modules
-  and tensors among them and in its closure, as above;
+- for the user's functions: the globals their code loads (and their nested code's), by value, and
+  their closures, followed into the modules, tensors, functions, bound methods, partials and
+  compiled models among them;
 - torch's global forward (pre-)hooks.
 
 `changed()` (native: `cuvil._native.StateSnapshot`) answers in a few µs for BERT-small, and the
 compiled model drops its variants and compiles again (cuvil/compiled.py). What it does not see:
-an in-place change to an inference tensor (made under `torch.inference_mode`: torch counts no
-versions for them; a new tensor in its place is seen), state inside other objects the model holds (a config object's fields, a list's items), globals
-that the code of the functions it calls names, and a class's methods replaced on the class.
+an in-place change made through `.data` (`p.data.mul_(2)`) or to an inference tensor (made under
+`torch.inference_mode`): torch counts no versions for either (a new tensor in place is seen);
+state inside other objects the model holds (a config object's fields, a list's items); the
+globals of installed packages' functions; and methods replaced on a class.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import struct
 import types
@@ -28,7 +31,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from ._native import StateSnapshot
-from .fingerprint import global_names
+from .fingerprint import global_names, is_user_code
 
 # the dicts of a module that torch.export reads, and how a change to each is told
 _MODULE_DICTS = {"__dict__": "attribute", "_parameters": "parameter", "_buffers": "buffer",
@@ -50,9 +53,11 @@ class ModelState:
         """watched: (what, the dict, the entries to watch: all of the dict's, or a part of a function's globals)."""
         self._watched = watched
         self._names = list(tensors)
-        native = StateSnapshot([d for _, d, _ in watched], [list(e.items()) for _, _, e in watched],
-                               [w.whole for w, _, _ in watched], list(tensors.values()),
-                               [not t.is_inference() for t in tensors.values()],
+        # the native snapshot borrows these: kept here, where the garbage collector sees them
+        self._items = [list(e.items()) for _, _, e in watched]
+        self._tensors = list(tensors.values())
+        native = StateSnapshot([d for _, d, _ in watched], self._items, [w.whole for w, _, _ in watched],
+                               self._tensors, [not t.is_inference() for t in self._tensors],
                                inspect.getattr_static(torch.Tensor, "_version"),
                                inspect.getattr_static(torch.Tensor, "data_ptr"))
         self.changed = native.changed
@@ -64,18 +69,7 @@ class ModelState:
                                                   torch_module._global_forward_pre_hooks)]
         tensors: dict[str, torch.Tensor] = {}
         modules: dict[str, nn.Module] = {}
-        if isinstance(target, nn.Module):
-            modules["model"] = target
-        elif isinstance(target, types.FunctionType):
-            names = global_names(target.__code__)
-            found = {n: v for n, v in target.__globals__.items() if n in names}
-            watched.append((_Watched(f"globals of {target.__qualname__}", "globals", False), target.__globals__, found))
-            cells = [c.cell_contents for c in target.__closure__ or () if _has_contents(c)]
-            for name, value in [*found.items(), *((f"{target.__qualname__}'s closure", v) for v in cells)]:
-                if isinstance(value, nn.Module):
-                    modules.setdefault(name, value)
-                elif _watchable(value):
-                    tensors.setdefault(name, value)
+        _reach(target, "model", watched, tensors, modules, set())
         seen: set[int] = set()
         for root, module in modules.items():
             for path, m in module.named_modules(prefix=root):
@@ -109,6 +103,36 @@ class ModelState:
         if key not in now:
             return f"{what} {name} was deleted"
         return f"{what} {name} was {'added' if key not in old else 'rebound'}"
+
+
+def _reach(value, name: str, watched: list, tensors: dict, modules: dict, seen: set) -> None:
+    """Collect what `value` (the compiled target, or something its code reaches) bakes in: modules
+    (their dicts are watched after), tensors, and for the user's functions the globals they load
+    and their closures, followed into the functions, bound methods, partials and compiled models
+    among them."""
+    from .compiled import CompiledModel
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, CompiledModel):        # traced as the model it wraps
+        _reach(value.target, name, watched, tensors, modules, seen)
+    elif isinstance(value, nn.Module):
+        modules.setdefault(name, value)
+    elif _watchable(value):
+        tensors.setdefault(name, value)
+    elif isinstance(value, types.MethodType):
+        _reach(value.__self__, name, watched, tensors, modules, seen)
+        _reach(value.__func__, name, watched, tensors, modules, seen)
+    elif isinstance(value, functools.partial):
+        for i, v in enumerate([value.func, *value.args, *value.keywords.values()]):
+            _reach(v, f"{name}'s partial argument {i}" if i else name, watched, tensors, modules, seen)
+    elif isinstance(value, types.FunctionType) and is_user_code(value.__code__.co_filename):
+        names = global_names(value.__code__)
+        found = {n: v for n, v in value.__globals__.items() if n in names}
+        watched.append((_Watched(f"globals of {value.__qualname__}", "globals", False), value.__globals__, found))
+        cells = [c.cell_contents for c in value.__closure__ or () if _has_contents(c)]
+        for n, v in [*found.items(), *((f"{value.__qualname__}'s closure", v) for v in cells)]:
+            _reach(v, n, watched, tensors, modules, seen)
 
 
 def _same(a, b) -> bool:

@@ -28,20 +28,22 @@ bool same_value(PyObject* a, PyObject* b) {
     return false;
 }
 
-bool same_dict(PyObject* d, const py::list& items, bool whole) {
+bool same_dict(PyObject* d, PyObject* items, bool whole) {
+    Py_ssize_t n = PyList_GET_SIZE(items);
     if (!whole) {
-        for (auto item : items) {
-            PyObject* value = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(item.ptr(), 0));
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* item = PyList_GET_ITEM(items, i);
+            PyObject* value = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(item, 0));
             if (!value && PyErr_Occurred()) throw py::error_already_set();
-            if (!value || !same_value(PyTuple_GET_ITEM(item.ptr(), 1), value)) return false;
+            if (!value || !same_value(PyTuple_GET_ITEM(item, 1), value)) return false;
         }
         return true;
     }
-    if (PyDict_GET_SIZE(d) != static_cast<Py_ssize_t>(items.size())) return false;
+    if (PyDict_GET_SIZE(d) != n) return false;
     Py_ssize_t pos = 0, i = 0;
     PyObject *key, *value;
     while (PyDict_Next(d, &pos, &key, &value)) {
-        PyObject* item = PyList_GET_ITEM(items.ptr(), i++);
+        PyObject* item = PyList_GET_ITEM(items, i++);
         if (PyTuple_GET_ITEM(item, 0) != key || !same_value(PyTuple_GET_ITEM(item, 1), value)) return false;
     }
     return true;
@@ -58,15 +60,16 @@ StateSnapshot::StateSnapshot(py::list dicts, py::list items, std::vector<bool> w
     if (tensors.size() != versioned_.size()) throw py::value_error("StateSnapshot: one versioned flag per tensor");
     for (size_t i = 0; i < dicts.size(); ++i) {
         if (!PyDict_Check(dicts[i].ptr())) throw py::type_error("StateSnapshot: dicts must be dicts");
+        if (!PyList_Check(items[i].ptr())) throw py::type_error("StateSnapshot: items must be lists");
         py::list pairs = items[i].cast<py::list>();
         for (auto pair : pairs)
             if (!PyTuple_Check(pair.ptr()) || PyTuple_GET_SIZE(pair.ptr()) != 2)
                 throw py::type_error("StateSnapshot: items must be (key, value) tuples");
         dicts_.push_back(dicts[i]);
-        items_.push_back(std::move(pairs));
+        items_.push_back(items[i]);
         tags_.push_back(0);     // compared on the first check
     }
-    for (auto t : tensors) tensors_.push_back(py::reinterpret_borrow<py::object>(t));
+    for (auto t : tensors) tensors_.push_back(t);
     for (size_t i = 0; i < tensors_.size(); ++i) marks_.push_back(mark(i));
 }
 
@@ -97,7 +100,7 @@ int64_t StateSnapshot::changed() const {
     for (size_t i = 0; i < dicts_.size(); ++i) {
         uint64_t now = tag(i);
         if (now != 0 && now == tags_[i]) continue;
-        if (!same_dict(dicts_[i].ptr(), items_[i], whole_[i])) return static_cast<int64_t>(i);
+        if (!same_dict(dicts_[i].ptr(), items_[i].ptr(), whole_[i])) return static_cast<int64_t>(i);
         tags_[i] = now;
     }
     for (size_t i = 0; i < tensors_.size(); ++i)

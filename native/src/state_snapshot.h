@@ -11,6 +11,9 @@ namespace py = pybind11;
 
 namespace cuvil {
 
+// It holds no references to what it watches: its owner (cuvil.module_state.ModelState) keeps the
+// dicts, item lists and tensors alive, where the garbage collector sees them. References held here
+// it would not see: a model that holds its own compiled model would never be freed.
 class StateSnapshot {
 public:
     // dicts: the dicts to watch (modules' __dict__, _parameters, hooks, ...), items: a list of each
@@ -30,11 +33,11 @@ private:
     std::pair<int64_t, int64_t> mark(size_t i) const;
     uint64_t tag(size_t i) const;  // dict i's version tag, 0 where Python has none
 
-    std::vector<py::object> dicts_;
-    std::vector<py::list> items_;
+    std::vector<py::handle> dicts_;
+    std::vector<py::handle> items_;
     std::vector<bool> whole_;
     mutable std::vector<uint64_t> tags_;  // each dict's tag when it last compared equal
-    std::vector<py::object> tensors_;
+    std::vector<py::handle> tensors_;
     std::vector<bool> versioned_;
     std::vector<std::pair<int64_t, int64_t>> marks_;  // (version, data_ptr)
     py::object version_, data_ptr_;

@@ -44,7 +44,7 @@ def test_token_ids_outside_the_vocabulary_raise_as_in_eager(dynamic):
     bad = ids.clone()
     bad[1, 4] = 50
     text = _both_refuse(compiled, model, bad)
-    assert "input 0 (ids) holds 50 at [1, 4]" in text and "embedding" in text and "[0, 49]" in text
+    assert "input 'ids' holds 50 at [1, 4]" in text and "embedding" in text and "[0, 49]" in text
     _both_refuse(compiled, model, bad.t().contiguous().t())     # not contiguous: the general path
     _both_refuse(compiled, model, ids=bad)                      # a keyword: the general path
     neg = ids.clone()
@@ -94,3 +94,37 @@ def test_a_saved_model_keeps_the_check(tmp_path):
     ids[0, 1] = 1000
     with pytest.raises(CuvilIndexError, match="holds 1000 at \\[0, 1\\]"):
         loaded(ids)
+
+
+def test_an_index_read_by_two_gathers_must_suit_both():
+    emb = nn.Embedding(10, 4)
+    small = torch.randn(3, 4)
+    f = cuvil.compile(lambda i: small[i] + emb(i))
+    with torch.no_grad():
+        torch.testing.assert_close(f(torch.tensor([0, 2])), small[torch.tensor([0, 2])] + emb(torch.tensor([0, 2])))
+        for value in (-1, 5):       # -1: small's, not the embedding's; 5: the embedding's, not small's
+            with pytest.raises(CuvilIndexError):
+                f(torch.tensor([value]))
+
+
+def test_a_refused_call_is_its_own_error_not_a_failed_compile():
+    # with fallback="eager", a first call with a bad id (a compile, or a compiled-model cache hit)
+    # counted as a failed compile: every later call ran in eager
+    for _ in range(2):          # the second compile is a compiled-model cache hit
+        model = Tagger().eval()
+        compiled = cuvil.compile(model, fallback="eager")
+        bad = torch.tensor([[1, 99]])
+        with pytest.raises(CuvilIndexError):
+            compiled(bad)
+        assert compiled.fallback_reason is None and compiled.num_variants == 1
+        good = torch.tensor([[1, 2]])
+        torch.testing.assert_close(compiled(good), model(good))
+
+
+def test_gather_raises_what_eager_raises():
+    f = cuvil.compile(lambda t, i: torch.gather(t, 0, i))
+    t, i = torch.randn(4, 3), torch.tensor([[0, 1, 4]])
+    with pytest.raises(RuntimeError):
+        torch.gather(t, 0, i)
+    with pytest.raises(RuntimeError, match="holds 4"):
+        f(t, i)

@@ -396,3 +396,28 @@ def _parts(obj) -> list[str]:
     d.add(obj)
     return d._parts
 
+
+
+def test_flushing_from_several_threads_at_once():
+    # `while _writes: _writes.pop(0).join()` raised IndexError when two threads flushed together
+    import threading
+    import time
+    errors = []
+
+    def flush():
+        try:
+            model_cache.flush()
+        except Exception as e:      # noqa: BLE001 (any error fails the test)
+            errors.append(e)
+    for _ in range(20):
+        writes = [threading.Thread(target=time.sleep, args=(0.002,)) for _ in range(3)]
+        with model_cache._writes_lock:
+            model_cache._writes.extend(writes)
+        for w in writes:
+            w.start()
+        flushers = [threading.Thread(target=flush) for _ in range(4)]
+        for th in flushers:
+            th.start()
+        for th in flushers:
+            th.join()
+    assert errors == [] and model_cache._writes == []

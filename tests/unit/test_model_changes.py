@@ -160,3 +160,76 @@ def test_a_model_made_under_inference_mode_compiles_and_a_replaced_weight_is_see
         _agrees(compiled, model)
         model.fc1.weight = nn.Parameter(torch.randn(32, 16))
         _agrees(compiled, model)
+
+
+def test_a_global_named_like_an_attribute_the_code_reads_is_not_watched():
+    # `torch.topk(x, 3).values` names `values` in co_names: a global of that name, rebound on every
+    # call (`values = f(x)` in a script), recompiled every call until eager took over
+    global values
+    f = cuvil.compile(lambda x: torch.topk(x, 3).values * 2)
+    x = torch.randn(5)
+    for _ in range(4):
+        values = f(x)
+        torch.testing.assert_close(values, torch.topk(x, 3).values * 2)
+    assert f.num_variants == 1 and f.explain_recompiles() == []
+
+
+def test_what_a_function_reaches_through_compiled_models_methods_and_partials_is_watched():
+    import functools
+    model = Scaled().eval()
+    inner = cuvil.compile(model)
+    outer = cuvil.compile(lambda x: inner(x).relu() + 1)
+    method = cuvil.compile(model.forward)
+    partial = cuvil.compile(functools.partial(lambda m, x: m(x) * 3, model))
+    with torch.no_grad():
+        for _ in range(2):      # the second round after an in-place update: all stale until 2026-12-02
+            torch.testing.assert_close(outer(X), model(X).relu() + 1)
+            torch.testing.assert_close(method(X), model(X))
+            torch.testing.assert_close(partial(X), model(X) * 3)
+            model.fc1.weight.mul_(2)
+
+
+def test_tracing_an_outer_model_leaves_an_inner_compiled_model_alone():
+    # export puts fake tensors in the shared submodule's parameters while it traces: the inner
+    # compiled model took that for a change and dropped its variant
+    model = Scaled().eval()
+    inner = cuvil.compile(model)
+    _agrees(inner, model)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner_model = model
+
+        def forward(self, x):
+            return inner(x) + 1
+    outer = cuvil.compile(Outer().eval())
+    torch.testing.assert_close(outer(X), model(X) + 1)
+    _agrees(inner, model)
+    assert inner.explain_recompiles() == []
+
+
+def test_a_model_holding_its_compiled_model_is_freed():
+    # the native snapshot held strong references the garbage collector could not see
+    import gc
+    import weakref
+    model = Scaled().eval()
+    model.fast = cuvil.compile(model)
+    model.fast(X)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+def test_save_after_a_change_saves_no_stale_variant(tmp_path):
+    model = Scaled().eval()
+    compiled = cuvil.compile(model)
+    compiled(X)
+    with torch.no_grad():
+        model.fc1.weight.mul_(2)
+    with pytest.raises(cuvil.CuvilError, match="model changed since"):
+        compiled.save(tmp_path / "m.cuvil")
+    compiled(X)
+    compiled.save(tmp_path / "m.cuvil")
+    torch.testing.assert_close(cuvil.load(tmp_path / "m.cuvil")(X), model(X))
