@@ -209,10 +209,16 @@ def _bound(L: Lowering, b, size, default):
     """A slice bound as a dim: None -> default; negative ints count from the end; static ints are
     clamped (torch writes "to the end" as a huge int), also at a symbolic size whose range
     torch.export settled lies below them (`x[:, :100]` of a dim it found to be at most 99).
-    Symbolic bounds are Cuvil dims already."""
+    Symbolic bounds are Cuvil dims already, counted from the end where they are negative over the
+    ranges (`x[-(n//2):]`)."""
     if b is None:
         return default
     if not isinstance(b, int):
+        span = L.symbols.span(b)
+        if span is not None and span[1] < 0:
+            return norm_dim(sympy.sympify(size) + b)
+        if span is None or span[0] < 0:
+            L.unsupported(f"a slice bound {b} that is negative at some sizes and not at others")
         return b
     if isinstance(size, int):
         return max(0, min(b + size if b < 0 else b, size))

@@ -504,3 +504,14 @@ def test_zoo_is_deterministic_and_leaves_the_rng_alone():
         a.inputs(seq=4)
     with pytest.raises(KeyError, match="available"):
         zoo.get("resnet9000")
+
+
+def test_a_negated_size_as_a_slice_bound():
+    # XLNet's -qlen: operator.neg on a size was refused; as a slice bound it counts from the end
+    def f(x):
+        k = -(x.shape[0] // 2)
+        return x[k:] * 2 + x[:k].sum()
+    c = cuvil.compile(f, dynamic={"x": {0: "n"}})
+    for n in (6, 9, 4):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(c(x), f(x))
