@@ -135,13 +135,23 @@ def _reach(value, name: str, watched: list, tensors: dict, modules: dict, seen: 
             _reach(v, n, watched, tensors, modules, seen)
 
 
-def _same(a, b) -> bool:
-    """The native check's rule: the same object, or an equal exact float (by bits), int or str."""
+def _same(a, b, depth: int = 0) -> bool:
+    """The native check's rule: the same object, an equal exact float (by bits), int or str, or
+    exact tuples, lists and dicts of the same items by this rule."""
     if a is b:
         return True
-    if type(a) is not type(b) or type(a) not in (float, int, str):
+    if type(a) is not type(b) or depth > 8:
         return False
-    return struct.pack("<d", a) == struct.pack("<d", b) if type(a) is float else a == b
+    if type(a) is float:
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    if type(a) in (int, str):
+        return a == b
+    if type(a) in (tuple, list):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if type(a) is dict:
+        return len(a) == len(b) and all(_same(ka, kb, depth + 1) and _same(va, vb, depth + 1)
+                                        for (ka, va), (kb, vb) in zip(a.items(), b.items()))
+    return False
 
 
 def _watchable(x) -> bool:

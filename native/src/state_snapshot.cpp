@@ -16,15 +16,36 @@ namespace cuvil {
 namespace {
 
 // Values a rebinding may replace by an equal object (a notebook cell run again: `scale = 2.0`):
-// exact floats by their bits (so -0.0 and 0.0 differ, a NaN equals itself), exact ints and strs by ==.
-bool same_value(PyObject* a, PyObject* b) {
+// exact floats by their bits (so -0.0 and 0.0 differ, a NaN equals itself), exact ints and strs by
+// ==, and exact tuples, lists and dicts item by item. torch.export restores every module attribute
+// after its trace from a pytree copy: a dict attribute (Hugging Face's `_tp_plan`) comes back as a
+// new dict of the same items, which is no change.
+bool same_value(PyObject* a, PyObject* b, int depth = 0) {
     if (a == b) return true;
-    if (Py_TYPE(a) != Py_TYPE(b)) return false;
+    if (Py_TYPE(a) != Py_TYPE(b) || depth > 8) return false;
     if (PyFloat_CheckExact(a)) {
         double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
         return std::memcmp(&x, &y, sizeof x) == 0;
     }
     if (PyLong_CheckExact(a) || PyUnicode_CheckExact(a)) return PyObject_RichCompareBool(a, b, Py_EQ) == 1;
+    if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
+        PyObject* fa = PySequence_Fast(a, "");     // a new reference to a itself, for tuples and lists
+        PyObject* fb = PySequence_Fast(b, "");
+        bool same = fa && fb && PySequence_Fast_GET_SIZE(fa) == PySequence_Fast_GET_SIZE(fb);
+        for (Py_ssize_t i = 0; same && i < PySequence_Fast_GET_SIZE(fa); ++i)
+            same = same_value(PySequence_Fast_GET_ITEM(fa, i), PySequence_Fast_GET_ITEM(fb, i), depth + 1);
+        Py_XDECREF(fa);
+        Py_XDECREF(fb);
+        return same;
+    }
+    if (PyDict_CheckExact(a)) {
+        if (PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b)) return false;
+        Py_ssize_t pa = 0, pb = 0;
+        PyObject *ka, *va, *kb, *vb;
+        while (PyDict_Next(a, &pa, &ka, &va) && PyDict_Next(b, &pb, &kb, &vb))
+            if (!same_value(ka, kb, depth + 1) || !same_value(va, vb, depth + 1)) return false;
+        return true;
+    }
     return false;
 }
 

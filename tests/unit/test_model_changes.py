@@ -233,3 +233,19 @@ def test_save_after_a_change_saves_no_stale_variant(tmp_path):
     compiled(X)
     compiled.save(tmp_path / "m.cuvil")
     torch.testing.assert_close(cuvil.load(tmp_path / "m.cuvil")(X), model(X))
+
+
+def test_two_compiles_of_one_model_leave_each_other_alone():
+    # torch.export restores every module attribute after its trace from a pytree copy: a dict
+    # attribute (Hugging Face's `_tp_plan`) came back a new dict, each compile's trace looked like
+    # a change to the other, and the two recompiled each other into eager
+    from cuvil import zoo
+    entry = zoo.get("bert")
+    inputs = entry.example_inputs
+    first, second = cuvil.compile(entry.model), cuvil.compile(entry.model, pipeline="O1")
+    with torch.no_grad():
+        expected = entry.model(*inputs).last_hidden_state
+        for _ in range(3):
+            for c in (first, second):
+                torch.testing.assert_close(c(*inputs).last_hidden_state, expected, rtol=1e-4, atol=1e-4)
+    assert first.explain_recompiles() == [] and second.explain_recompiles() == []
