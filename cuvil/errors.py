@@ -43,7 +43,7 @@ class CuvilUnsupportedOpError(CuvilError):
     """An ATen op (or other construct) the frontend cannot import."""
 
     def __init__(self, op_name: str, source: str | None = None, detail: str = ""):
-        self.op_name, self.source = op_name, source
+        self.op_name, self.source, self.detail = op_name, source, detail
         text = f"unsupported op '{op_name}'"
         if detail:
             text += f": {detail}"

@@ -126,12 +126,73 @@ def symbolic_int(L: Lowering, *_):
     return L.torch_dim(L.val())
 
 
+_SIZE_ARITHMETIC = {"cuvil.add": operator.add, "cuvil.sub": operator.sub, "cuvil.mul": operator.mul}
+
+
+def _size_value(x):
+    """The integer a rank-0 tensor holds where it is sizes and constants combined by +, - and *
+    (DeBERTa's `torch.tensor(min(q, 32))` and `32 - att_span`), else None."""
+    if x.is_arg or x.type.rank != 0 or x.type.dtype.is_float:
+        return None
+    op = x.owner
+    if op.name == "cuvil.size":
+        return sympy.sympify(op.attrs["size"][0])
+    if op.name in ("cuvil.literal", "cuvil.full"):
+        return sympy.Integer(op.attrs["value"])
+    if op.name == "cuvil.cast":
+        return _size_value(op.operands[0])
+    if op.name == "cuvil.neg":
+        v = _size_value(op.operands[0])
+        return None if v is None else -v
+    if op.name in _SIZE_ARITHMETIC:
+        a, b = (_size_value(v) for v in op.operands)
+        return None if a is None or b is None else _SIZE_ARITHMETIC[op.name](a, b)
+    return None
+
+
+def local_scalar_dense(L: Lowering, x):
+    """`.item()` of a tensor that holds a size (`_size_value`: a slice bound): that size, as a dim.
+    Any other tensor's value is data a compiled program's shapes cannot follow."""
+    size = _size_value(x)
+    if size is None:
+        L.unsupported("a tensor's value read as a Python number (.item(), or a tensor as a slice bound or "
+                      "size): Cuvil compiles no sizes that depend on tensor values")
+    expr = L.val().node.expr
+    if isinstance(expr, sympy.Symbol) and not L.symbols.knows(expr):
+        L.symbols.bind(expr, size)
+    return norm_dim(size)
+
+
+def sym_storage_offset(L: Lowering, x):
+    """Where a slice starts in its base's storage, for torch's checks on it (a slice between
+    `.item()` bounds): the base's offset plus the start times its stride, from torch's own view of
+    the base. Cuvil's values have no storage; any other view is refused."""
+    view = L.node.args[0]
+    if view.target is not aten.slice.Tensor:
+        L.unsupported("the storage offset of a view other than a slice")
+    base, dim, first = (list(view.args) + [0, None])[:3]
+    first = L.torch_dim(first.meta["val"] if isinstance(first, torch.fx.Node) else first or 0)
+    base = base.meta["val"]
+    offset, strides = base.storage_offset(), base.stride()
+    span = L.symbols.span(first)
+    if not isinstance(offset, int) or not all(isinstance(st, int) for st in strides) or span is None or span[0] < 0:
+        L.unsupported("the storage offset of a slice with a dynamic offset or stride, or a start from the end")
+    result = norm_dim(offset + sympy.sympify(first) * strides[L.axis(dim, base.dim())])
+    expr = L.val().node.expr
+    if isinstance(expr, sympy.Symbol) and not L.symbols.knows(expr):
+        L.symbols.bind(expr, result)
+    return result
+
+
 def like_full(value_index: int | None = None, fill=None):
     """full / zeros / ones / *_like / new_* / scalar_tensor: shape and dtype from torch's result."""
     def row(L: Lowering, *args):
         value = fill if value_index is None else args[value_index]
-        dtype = L.out_dtype()
-        return L.op("cuvil.full", shape=list(L.out_shape()), value=L.scalar(value, dtype), dtype=dtype)
+        dtype, shape = L.out_dtype(), list(L.out_shape())
+        if isinstance(value, sympy.Basic) and dtype is not DType.bool:   # a size as the value: torch.tensor(n)
+            size = L.literal(value, dtype)
+            return size if not shape else L.op("cuvil.expand", size, shape=shape)
+        return L.op("cuvil.full", shape=shape, value=L.scalar(value, dtype), dtype=dtype)
     return row
 
 
@@ -224,6 +285,8 @@ def _bound(L: Lowering, b, size, default):
         return max(0, min(b + size if b < 0 else b, size))
     if b >= 1 << 62 or _at_most(L, size, b):
         return size
+    if b < 0 and _at_most(L, size, -b):     # counts from the end past the start at every size: clamped
+        return 0
     L.symbols.require_at_least(size, abs(b))    # a smaller size would clamp the bound
     return size + b if b < 0 else b
 
@@ -350,6 +413,8 @@ def logical_not(L: Lowering, x):
 
 
 def clamp(L: Lowering, x, lo=None, hi=None):
+    if isinstance(lo, sympy.Basic) or isinstance(hi, sympy.Basic):     # a size as a bound
+        return clamp_tensor(L, L.cast(x, L.out_dtype()), lo, hi)
     return L.op("cuvil.clamp", L.cast(x, L.out_dtype()), min=None if lo is None else float(lo),
                 max=None if hi is None else float(hi))
 
@@ -1197,14 +1262,31 @@ def index(L: Lowering, x, indices):
 
 def arange(L: Lowering, start, end, step=1, *_):
     start, end, step = (int(v) if isinstance(v, bool) else v for v in (start, end, step))   # torch takes bools
-    if isinstance(start, sympy.Basic) or isinstance(step, sympy.Basic):
-        L.unsupported("a symbolic start or step")
+    counts_up = isinstance(start, int) and isinstance(step, int) and step > 0
+    if isinstance(start, sympy.Basic) or isinstance(step, sympy.Basic) or (isinstance(end, sympy.Basic) and not counts_up):
+        return _arange_from_count(L, start, step)
     if isinstance(end, float):   # a static count: restate the end as start + count*step
         end = start + L.out_shape()[0] * step
         if not float(end).is_integer():
             L.unsupported("a fractional range (Cuvil states the end as an integer size)")
         end = int(end)
     return L.op("cuvil.arange", start=start, end=[end], step=step, dtype=L.out_dtype())
+
+
+def _arange_from_count(L: Lowering, start, step):
+    """start + i * step for i below torch's own count of the range, in i64: a symbolic start or step,
+    or a symbolic end counted down to (XLNet's relative positions run from the key length down
+    to minus the query length)."""
+    if any(isinstance(v, float) and not v.is_integer() for v in (start, step)):
+        L.unsupported(f"a fractional start or step ({start}, {step}) with a symbolic range (Cuvil computes "
+                      f"such ranges in integers)")
+    start, step = (v if isinstance(v, sympy.Basic) else int(v) for v in (start, step))
+    values = L.op("cuvil.arange", start=0, end=[L.out_shape()[0]], step=1, dtype=DType.i64)
+    if step != 1:
+        values = L.op("cuvil.mul", values, L.literal(step, DType.i64))
+    if start != 0:
+        values = L.op("cuvil.add", values, L.literal(start, DType.i64))
+    return L.cast(values, L.out_dtype())
 
 
 def eye(L: Lowering, n, *_):
@@ -1500,6 +1582,8 @@ ATEN_TABLE = {
     aten.ones_like.default: like_full(fill=1),
     aten.new_ones.default: like_full(fill=1),
     aten.scalar_tensor.default: like_full(0),
+    aten._local_scalar_dense.default: local_scalar_dense,
+    aten.sym_storage_offset.default: sym_storage_offset,
     aten.arange.default: arange_end,
     aten.eye.default: eye,
     aten.eye.m: eye_m,

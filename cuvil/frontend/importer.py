@@ -250,7 +250,7 @@ def _add_symbols(symbols: SymbolTable, ep, node: torch.fx.Node, hint: dict[int, 
             lo = int(vr.lower) if vr is not None else 1
             # torch's int_oo (no upper bound) says it is finite; it is no Integer
             hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else default_max
-            symbols.add(d.node.expr, hint.get(axis), lo, hi)
+            symbols.add(d.node.expr, hint.get(axis), lo, hi, d.node.hint)
 
 
 def _arg_type(node: torch.fx.Node, symbols: SymbolTable) -> TensorType:
@@ -317,12 +317,16 @@ def _lower(lowering: Lowering, table: dict, node: torch.fx.Node, env: dict):
                 {k: _operand(lowering, env, v, f"argument '{k}'") for k, v in node.kwargs.items()})
     try:
         result = row(lowering, *args)
+        _check_result(lowering, result)
+        if isinstance(result, (list, tuple)):
+            return type(result)(_pinned(lowering, r) for r in result)
+        return _pinned(lowering, result)
     except CuvilVerifyError as e:
         raise lowering.error(str(e)) from None
-    _check_result(lowering, result)
-    if isinstance(result, (list, tuple)):
-        return type(result)(_pinned(lowering, r) for r in result)
-    return _pinned(lowering, result)
+    except CuvilUnsupportedOpError as e:
+        if e.source is None and lowering.frame is not None:    # a size torch computed that Cuvil dims refuse
+            raise CuvilUnsupportedOpError(e.op_name, str(lowering.frame), e.detail) from None
+        raise
 
 
 def _pinned(lowering: Lowering, v):
@@ -335,6 +339,17 @@ def _pinned(lowering: Lowering, v):
     return v if list(v.type.shape) == shape else lowering.op("cuvil.reshape", v, shape=shape)
 
 
+def _bind_unsized(symbols: SymbolTable, want: torch.Tensor, got: Value) -> None:
+    """Dims torch's trace could not size (a slice between bounds read with `.item()` gets a new
+    `u` symbol) take the size Cuvil inferred, for the ops after it."""
+    if want.dim() != got.type.rank:
+        return
+    for d, mine in zip(want.shape, got.type.shape):
+        if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol and str(d.node.expr).startswith("u") \
+                and not symbols.knows(d.node.expr):
+            symbols.bind(d.node.expr, mine)
+
+
 def _check_result(lowering: Lowering, result) -> None:
     """Cuvil's inferred types must equal torch's; a mismatch is a bug in a row or an op's inference."""
     val = lowering.node.meta.get("val")
@@ -343,6 +358,7 @@ def _check_result(lowering: Lowering, result) -> None:
     for got, want in pairs:
         if not isinstance(got, Value) or not isinstance(want, torch.Tensor):
             continue
+        _bind_unsized(lowering.symbols, want, got)
         expect = TensorType(lowering.dtype_of(want, "result"), lowering.symbols.shape(want))
         same = got.type.dtype is expect.dtype and got.type.rank == expect.rank and all(
             a == b or dims_equal(pin(a), pin(b)) for a, b in zip(got.type.shape, expect.shape))

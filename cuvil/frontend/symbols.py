@@ -20,10 +20,12 @@ from ..ir.types import Dim, floordiv, norm_dim, sym
 
 @dataclass(frozen=True)
 class SymbolInfo:
-    """One dynamic dimension: its Cuvil symbol, the user's name for it, and its range (inclusive)."""
+    """One dynamic dimension: its Cuvil symbol, the user's name for it, its range (inclusive) and
+    its size in the example torch.export traced."""
     symbol: str
     hint: str | None
     range: tuple[int, int]
+    example: int | None = None
 
 
 class SymbolTable:
@@ -33,12 +35,12 @@ class SymbolTable:
         self.info: dict[str, SymbolInfo] = {}
         self._same = same or {}
 
-    def add(self, torch_symbol: sympy.Symbol, hint: str | None, lo: int, hi: int) -> None:
+    def add(self, torch_symbol: sympy.Symbol, hint: str | None, lo: int, hi: int, example: int | None = None) -> None:
         """A torch symbol with its range; one that stands for another's size (`same`) maps to that
         one's Cuvil symbol, whose range is then where both ranges hold (torch may have narrowed one
         input's: `y[:3]` kept `y`'s from 3)."""
         if torch_symbol in self._same:
-            self.add(self._same[torch_symbol], hint, lo, hi)
+            self.add(self._same[torch_symbol], hint, lo, hi, example)
             self._map[torch_symbol] = self._map[self._same[torch_symbol]]
             return
         if torch_symbol in self._map:
@@ -47,7 +49,7 @@ class SymbolTable:
             return
         name = f"s{len(self.info)}"
         self._map[torch_symbol] = sym(name)
-        self.info[name] = SymbolInfo(name, hint, (lo, hi))
+        self.info[name] = SymbolInfo(name, hint, (lo, hi), example)
 
     def require_at_least(self, d: Dim, n: int) -> None:
         """Narrow the range of size `d` to sizes of at least `n`, where `d` is one symbol: what an
@@ -58,6 +60,18 @@ class SymbolTable:
             info = self.info[str(d)]
             if info.range[0] < n <= info.range[1]:
                 self.info[info.symbol] = replace(info, range=(n, info.range[1]))
+
+    def require_at_most(self, d: Dim, n: int) -> None:
+        """Narrow the range of size `d`, one symbol, to sizes of at most `n` (see require_at_least)."""
+        if isinstance(d, sympy.Symbol) and str(d) in self.info:
+            info = self.info[str(d)]
+            if info.range[0] <= n < info.range[1]:
+                self.info[info.symbol] = replace(info, range=(info.range[0], n))
+
+    def bind(self, torch_symbol: sympy.Symbol, d: Dim) -> None:
+        """A symbol torch made for a value it could not see (`u0` of an `.item()`) that Cuvil knows
+        to be the size `d`."""
+        self._map[torch_symbol] = sympy.sympify(d)
 
     def knows(self, torch_symbol) -> bool:
         return torch_symbol in self._map
@@ -93,12 +107,55 @@ class SymbolTable:
 
     def _extreme(self, args: list, largest: bool):
         """The argument of a Max (Min) that is at least (most) every other one over the ranges of
-        the symbols (`max(0, 1 - s)` with s >= 1 is 0), or None where the ranges do not decide it."""
-        for k, a in enumerate(args):
-            if all(self._never_negative(sympy.sympify(a) - o if largest else o - sympy.sympify(a))
-                   for j, o in enumerate(args) if j != k):
+        the symbols (`max(0, 1 - s)` with s >= 1 is 0), else the one that is at the example's sizes,
+        its symbols' ranges narrowed to where it stays so; None where neither decides it."""
+        def margins(a):     # a's lead over each other argument: never negative where a wins
+            return [sympy.expand(sympy.sympify(a) - o if largest else o - sympy.sympify(a))
+                    for o in args if o is not a]
+        for a in args:
+            if all(self._never_negative(m) for m in margins(a)):
                 return a
-        return None
+        at_example = {sym(n): i.example for n, i in self.info.items() if i.example is not None}
+        values = [sympy.sympify(a).subs(at_example) for a in args]
+        if not all(v.is_Integer for v in values):
+            return None
+        winner = args[values.index(max(values) if largest else min(values))]
+        bounds = [self._linear_bound(m) for m in margins(winner)]
+        if any(b is None for b in bounds):
+            return None
+        for symbol, at_least, n in (b for b in bounds if b):
+            (self.require_at_least if at_least else self.require_at_most)(symbol, n)
+        return winner if all(self._never_negative(m) for m in margins(winner)) else None
+
+    def _linear_bound(self, margin):
+        """margin = c*s + k >= 0 as a bound on the one symbol s: (s, True, n) for s >= n, (s, False, n)
+        for s <= n; () for a margin with no symbol; None for any other margin."""
+        if margin.is_number:
+            return ()
+        if len(margin.free_symbols) != 1:
+            return None
+        s, = margin.free_symbols
+        try:
+            poly = sympy.Poly(margin, s)
+        except sympy.PolynomialError:       # s inside a floor or Mod
+            return None
+        if poly.degree() != 1 or not all(v.is_Integer for v in poly.all_coeffs()):
+            return None
+        c, k = (int(v) for v in poly.all_coeffs())
+        return (s, True, -(k // c)) if c > 0 else (s, False, k // -c)
+
+    def _rounded_quotient(self, e, num, den):
+        """ceil or floor of a size divided by an integral constant (the length of `torch.arange`
+        with a float step, `ceil(float(end - start) / step)`)."""
+        if isinstance(num, tfn.ToFloat):
+            num = num.args[0]
+        if not (den.is_number and float(den).is_integer() and den != 0) or not num.is_integer:
+            raise CuvilUnsupportedOpError("symbolic shape expression",
+                                          detail=f"size '{e}' divides by {den}, which Cuvil dims cannot express")
+        n, d = self._convert(num), int(den)
+        if d < 0:
+            n, d = -n, -d
+        return floordiv(n + d - 1, d) if isinstance(e, tfn.CeilToInt) else floordiv(n, d)
 
     def _never_negative(self, d) -> bool:
         """d >= 0 at every point of the ranges (a difference, so that `min(16*s + 16, 32*s + 32)`
@@ -114,6 +171,8 @@ class SymbolTable:
                 raise CuvilUnsupportedOpError(
                     "data-dependent size", detail=f"size '{e}' depends on tensor values, which Cuvil cannot compile")
             return self._map[e]
+        if isinstance(e, (tfn.CeilToInt, tfn.FloorToInt)) and isinstance(e.args[0], (tfn.FloatTrueDiv, tfn.IntTrueDiv)):
+            return self._rounded_quotient(e, *e.args[0].args)
         args = [self._convert(a) for a in e.args]
         if e.is_Add:
             return sympy.Add(*args)
@@ -121,10 +180,15 @@ class SymbolTable:
             return sympy.Mul(*args)
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
             return sympy.Pow(*args)
-        if isinstance(e, (tfn.FloorDiv, tfn.CleanDiv)):
-            return floordiv(*args)
-        if isinstance(e, tfn.CeilDiv):
-            return floordiv(args[0] + args[1] - 1, args[1])
+        if isinstance(e, (tfn.FloorDiv, tfn.CleanDiv, tfn.CeilDiv)):
+            num, den = args
+            q = floordiv(num + den - 1 if isinstance(e, tfn.CeilDiv) else num, den)
+            if not isinstance(den, int) and any(not sympy.fraction(sympy.together(f.args[0]))[1].is_Integer
+                                                for f in sympy.sympify(q).atoms(sympy.floor)):
+                raise CuvilUnsupportedOpError("symbolic shape expression",
+                                              detail=f"size ({num}) // {den} divides by a size, which Cuvil dims "
+                                                     f"cannot express (a step or stride that is itself dynamic)")
+            return q
         if isinstance(e, (tfn.Mod, tfn.PythonMod, sympy.Mod)):
             return sympy.Mod(*args)
         if isinstance(e, (sympy.Max, sympy.Min, tfn.Max, tfn.Min)):

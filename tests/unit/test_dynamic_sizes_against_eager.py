@@ -105,3 +105,85 @@ def test_a_square_patch_grid_fixed_by_a_size_check():
         for hw in ((32, 32), (35, 35), (40, 48), (32, 32)):
             x = torch.randn(2, 3, *hw)
             torch.testing.assert_close(c(x), model(x))
+
+
+def test_a_slice_reaching_back_further_than_the_example():
+    # XLNet's memory, x[-512:] of a 12-long sequence: torch clamps the start to 0 while the size
+    # stays below 512; Cuvil took the start for size - 512 and failed its own shape check
+    def f(x):
+        return x[-512:] * 2.0
+    c = cuvil.compile(f, dynamic={"x": {0: "S"}}, cache=False)
+    for rows in (12, 7, 512, 600, 3):
+        _check(c, f, torch.randn(rows, 4))
+
+
+def test_ranges_over_dynamic_sizes_one_program():
+    # XLNet's relative positions count down from the key length to minus the query length, with
+    # a float step and an integer dtype; a float step's count is a ceiling torch writes in floats
+    def f(x, y):
+        k, q = x.shape[1], y.shape[1]
+        down = torch.arange(k, -q, -1.0, dtype=torch.int64)
+        up = torch.arange(-k, q, 1.0)
+        halves = torch.arange(0, k, 2.0)
+        odd = torch.arange(q, 3 * k + 7, 3)
+        return down, up, halves, odd
+    c = cuvil.compile(f, dynamic={"x": {1: "K"}, "y": {1: "Q"}}, cache=False)
+    for k, q in ((5, 3), (9, 4), (6, 6), (12, 2)):
+        x, y = torch.randn(2, k), torch.randn(2, q)
+        for got, want in zip(c(x, y), f(x, y)):
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(c._variants) == 1, c.explain_recompiles()
+
+
+def test_a_range_whose_step_is_a_size_is_refused_at_its_line():
+    def f(x, y):
+        return torch.arange(y.shape[1], 3 * x.shape[1] + 7, x.shape[1])
+    c = cuvil.compile(f, dynamic={"x": {1: "K"}, "y": {1: "Q"}}, fallback="error", cache=False)
+    with pytest.raises(cuvil.CuvilUnsupportedOpError, match=r"divides by a size(.|\n)*test_dynamic_sizes_against_eager.py:\d+"):
+        c(torch.randn(2, 5), torch.randn(2, 3))
+
+
+def test_a_size_held_in_a_tensor_bounds_a_slice_and_a_clamp():
+    # DeBERTa's relative attention: the span is torch.tensor(min(length, 8)), read back as slice
+    # bounds (.item(), whose slice torch cannot size) and used as a clamp bound
+    table = torch.randn(16, 4)
+
+    def f(x):
+        span = torch.tensor(min(x.shape[1], 8))
+        rows = table[8 - span: 8 + span]
+        pos = torch.clamp(torch.arange(x.shape[1]) + span, 0, span * 2 - 1)
+        return rows * 2.0, pos
+    c = cuvil.compile(f, dynamic={"x": {1: "L"}}, cache=False)
+    for length in (5, 3, 8, 7, 12, 20):
+        x = torch.randn(2, length)
+        for got, want in zip(c(x), f(x)):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        if length == 7:         # one program up to the span's limit
+            assert len(c._variants) == 1, c.explain_recompiles()
+
+
+def test_a_tensor_value_as_a_slice_bound_is_refused_at_its_line():
+    def f(x, n):
+        return x[: n.item()] * 2.0
+    c = cuvil.compile(f, fallback="error", cache=False)
+    with pytest.raises(cuvil.CuvilUnsupportedOpError, match=r"depend on tensor values(.|\n)*test_dynamic_sizes_against_eager.py:\d+"):
+        c(torch.randn(6, 2), torch.tensor(3))
+
+
+def test_a_min_of_sizes_the_ranges_leave_open_is_decided_by_the_example():
+    # torch.sym_min keeps min(8, L) in torch's shapes, unguarded: Cuvil refused it; now each
+    # variant serves the side of 8 its example lies on, its range narrowed there
+    def f(x):
+        n = torch.sym_min(x.shape[1], 8)
+        return torch.ones(n) * 2.0, torch.arange(n)
+    c = cuvil.compile(f, dynamic={"x": {1: "L"}}, cache=False)
+    for length in (5, 3, 8, 7, 12, 20, 9, 2):
+        x = torch.randn(2, length)
+        for got, want in zip(c(x), f(x)):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        if length == 7:
+            assert len(c._variants) == 1, c.explain_recompiles()
+    assert c._variants[0].guard.ranges == [(1, 8)]
