@@ -194,6 +194,10 @@ class Guard:
                      [a.name or f"input {i}" for i, a in enumerate(fn.args)], list(imported.tensor_positions),
                      checks, {i: v for i, v in enumerate(example_leaves) if i not in tensors}, imported)
 
+    def is_static(self, name: str, axis: int) -> bool:
+        """Input `name`'s dim `axis` has one size in this variant."""
+        return any(n == name and any(a == axis for a, _ in c.static) for n, c in zip(self.names, self.checks))
+
     def state(self) -> dict:
         """The guard as JSON-able data (`Guard.from_state` rebuilds it), for saved models."""
         for i, v in self.constants.items():
@@ -707,7 +711,8 @@ class CompiledModel:
                                         f"this call, has them static")
             if reasons:
                 text = "; ".join(m.text for m in reasons)
-                action = self._describe(note)
+                note["auto"] = [(name, axis) for name, axis in note["auto"] if not variant.guard.is_static(name, axis)]
+                action = self._describe(note) or "compiled static again (the model specialises the dim)"
                 self._recompiles.append(f"recompiled (variant {len(self._variants) + 1}): {text}"
                                         + (f" -> {action}" if action else ""))
             elif note.get("static"):
@@ -779,6 +784,7 @@ class CompiledModel:
         if note.get("auto"):
             for name, axis in note["auto"]:
                 del self._auto[name][axis]
+            note["auto"] = []       # a static compile that fails too fails the call (not a KeyError here)
             note["static"] = str(e).splitlines()[0]
             return True
         suggested = getattr(e, "suggested_ranges", {})

@@ -152,14 +152,16 @@ def _exp(o: Ops, x, low: bool = True, high: bool = True, narrow: bool = False):
     if low:
         zero = o.cmp("<", x, o.c(-104.0))
         xs = o.sel(zero, o.c(0.0), xs)
-    n, ni = _round_log2e(o, xs)
+    # narrow: the rounding constant carries the exponent bias, so 2^n is t's bits shifted into the
+    # exponent field (the constant's own high bits shift out): one integer op, where ldexp takes three
+    n, ni, t = _round_log2e(o, xs, bias=127 if narrow else 0)
     r = o.fma(n, o.c(-LN2_HI), xs)
     r = o.fma(n, o.c(-LN2_LO), r)
     y = o.add(o.c(1.0), o.fma(o.mul(r, r), o.poly(r, EXP), r))
-    if o.scalef:
+    if narrow:
+        y = o.mul(y, _exponent_of(o, t))
+    elif o.scalef:
         y = o.b.call(intrinsic(o.module, "ldexp", o.ty, [o.ty, o.ity], [o.ty, o.ity]), [y, ni])
-    elif narrow:
-        y = o.mul(y, o.pow2(ni))
     else:       # two steps: 2^n alone over- or underflows at the ends of the range
         n1 = o.b.ashr(ni, o.ic(1))
         y = o.mul(o.mul(y, o.pow2(n1)), o.pow2(o.b.sub(ni, n1)))
@@ -169,14 +171,22 @@ def _exp(o: Ops, x, low: bool = True, high: bool = True, narrow: bool = False):
 SHIFTER = 12582912.0        # 1.5 * 2^23: adding it rounds an f32 of magnitude below 2^22 to an integer
 
 
-def _round_log2e(o: Ops, x):
-    """n = x / ln 2 rounded to an integer, as a float and as an integer (|x| < 2^21). The integer
-    is read from the bits of the shifted sum, not converted from the float: no conversion, and a
-    NaN x gives some integer instead of poison."""
-    t = o.fma(x, o.c(1.4426950408889634), o.c(SHIFTER))
-    n = o.sub(t, o.c(SHIFTER))
-    ni = o.b.sub(o.b.bitcast(t, o.ity), o.b.bitcast(o.c(SHIFTER), o.ity))
-    return n, ni
+def _round_log2e(o: Ops, x, bias: int = 0):
+    """n = x / ln 2 rounded to an integer, as a float and as an integer (|x| < 2^21), and the
+    rounded sum t = n + bias + SHIFTER, whose low bits hold n + bias (for 0 <= n + bias < 2^22). The
+    integer is read from t's bits, not converted from the float: no conversion, and a NaN x gives
+    some integer instead of poison."""
+    shifter = o.c(SHIFTER + bias)
+    t = o.fma(x, o.c(1.4426950408889634), shifter)
+    n = o.sub(t, shifter)
+    ni = o.b.sub(o.b.bitcast(t, o.ity), o.b.bitcast(shifter, o.ity))
+    return n, ni, t
+
+
+def _exponent_of(o: Ops, t):
+    """2^(n + bias - 127) for the rounded sum t of `_round_log2e` with 0 < n + bias < 255: t's low
+    bits shifted into the exponent field, SHIFTER's own bits shifted out."""
+    return o.b.bitcast(o.b.shl(o.b.bitcast(t, o.ity), o.ic(23)), o.ty)
 
 
 def _log(o: Ops, x, normal: bool = False):
@@ -222,11 +232,11 @@ def _expm1(o: Ops, x):
     # does not overflow h. Below -30 the result rounds to -1 (clamped there: h stays normal);
     # above 89 it is inf.
     xs = o.sel(o.cmp(">", x, o.c(89.0)), o.c(89.0), o.sel(o.cmp("<", x, o.c(-30.0)), o.c(-30.0), x))
-    n, ni = _round_log2e(o, xs)
+    n, _, t = _round_log2e(o, xs, bias=126)
     r = o.fma(n, o.c(-LN2_HI), xs)
     r = o.fma(n, o.c(-LN2_LO), r)
     p = o.fma(o.mul(r, r), o.poly(r, EXP), r)
-    h = o.pow2(o.b.sub(ni, o.ic(1)))
+    h = _exponent_of(o, t)
     y = o.mul(o.c(2.0), o.fma(h, p, o.sub(h, o.c(0.5))))
     return o.sel(o.cmp("==", x, o.c(0.0)), x, y)      # -0 stays -0
 

@@ -21,7 +21,7 @@ from torch import nn
 from torch.export import Dim
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from ..errors import CuvilError
+from ..errors import CuvilError, warn_user
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
 from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, register_model_caches,
@@ -114,8 +114,18 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
             if attempt == MAX_FIXES or not new or not all(lo <= sizes[d] <= hi for d, (lo, hi) in new.items()):
                 raise
             fixes.update(new)
+    _warn_pinned(hints, [d for d, (lo, hi) in fixes.items() if lo == hi and not isinstance(d, AutoDim)])
     returns_each_cache(ep.call_spec.out_spec, caches)
     return Captured(ep, {**hints, **_cache_hints(ep, growing)})
+
+
+def _warn_pinned(hints: Hints, pinned: list[str]) -> None:
+    """Dims the user asked dynamic that torch.export found the model specialises (CANINE's
+    character length): compiled static at the example's size, said, not left silent."""
+    for d in pinned:    # (no size in the text: Python shows a warning once per line and text)
+        where = ", ".join(f"{name} dim {axis}" for name, h in hints.items() for axis, n in h.items() if n == d)
+        warn_user(f"cuvil: dynamic dim '{d}' ({where}) is compiled static: torch.export found that the model "
+                  f"specialises it to the example's size; each other size compiles a variant of its own")
 
 
 def _alike_sizes_agree(hints: Hints, values: dict) -> bool:

@@ -853,3 +853,27 @@ def test_a_range_no_hint_names_is_a_warning_naming_it():
     f = cuvil.compile(lambda x: x * 2, dynamic={"x": {0: "batch"}}, ranges={"btach": (1, 8)})
     with pytest.warns(UserWarning, match=r"ranges= names dim\(s\) \['btach'\], which no dynamic= hint .* \['batch'\]"):
         torch.testing.assert_close(f(torch.ones(3)), torch.full((3,), 2.0))
+
+
+def test_a_dynamic_dim_the_model_specialises_is_said_not_left_silent():
+    # CANINE's character length: torch.export specialises the dim; Cuvil compiled it static without
+    # a word, and each other size's recompile said "made dynamic" while it stayed static
+    def f(x):
+        return x * float(int(x.shape[0]))       # int() of a size: torch specialises it at every size
+    c = cuvil.compile(f, dynamic={"x": {0: "n"}}, cache=False)
+    with pytest.warns(UserWarning, match=r"dynamic dim 'n' \(x dim 0\) is compiled static"):
+        torch.testing.assert_close(c(torch.ones(16)), torch.full((16,), 16.0))
+    torch.testing.assert_close(c(torch.ones(12)), torch.full((12,), 12.0))
+    assert c.explain_recompiles() == ["recompiled (variant 2): input 0 (x) dim 0 is 12, compiled for 16 (a static "
+                                      "dim) -> compiled static again (the model specialises the dim)"]
+
+
+def test_a_size_the_model_refuses_raises_after_a_specialised_compile():
+    # the retry of a failed static compile raised a KeyError from inside Cuvil
+    def f(x):
+        return x.reshape(4, 4) * 2.0
+    c = cuvil.compile(f, dynamic={"x": {0: "n"}}, cache=False)
+    with pytest.warns(UserWarning, match="is compiled static"):
+        c(torch.randn(16))
+    with pytest.raises(cuvil.CuvilError, match=r"invalid for input(.|\n)*test_compile_api.py:\d+"):
+        c(torch.randn(12))
