@@ -55,7 +55,7 @@ from .report import CompileReport
 from .schedule import anchor_misses
 from ._native import TensorCall
 from .runtime import get_num_threads, set_num_threads
-from .runtime.exprs import evaluate, to_postfix
+from .runtime.exprs import binding, evaluate, to_postfix
 
 BACKENDS = ("llvm",)
 # Compiles one call may try after the first fails: each takes a narrower range torch.export or a
@@ -146,6 +146,7 @@ class _TensorCheck:
     bind: tuple        # (axis, symbol number)
     derived: tuple     # (axis, postfix expression)
     values: tuple | None = None     # an index input: (lo, hi, the gather) its values must lie in
+    scaled: tuple = ()  # (axis, symbol number, q): a dim the model needs a multiple of q, q * symbol
 
 
 class Guard:
@@ -177,17 +178,20 @@ class Guard:
         bounds = index_bounds(fn)
         checks = []
         for a in fn.args:
-            static, bind, derived = [], [], []
+            static, bind, derived, scaled = [], [], [], []
             for axis, d in enumerate(a.type.shape):
+                bound = binding(d)
                 if isinstance(d, int):
                     static.append((axis, d))
-                elif d.is_Symbol:
+                elif bound is not None and bound[1] == 1:
                     bind.append((axis, index[d.name]))
+                elif bound is not None:
+                    scaled.append((axis, index[bound[0].name], bound[1]))
                 else:
                     derived.append((axis, to_postfix(d, index)))
             b = bounds.get(a.index)
             checks.append(_TensorCheck(a.type.dtype.torch, a.type.rank, tuple(static), tuple(bind), tuple(derived),
-                                       None if b is None else (b.lo, b.hi, b.what)))
+                                       None if b is None else (b.lo, b.hi, b.what), tuple(scaled)))
         tensors = set(imported.tensor_positions)
         return Guard(imported.exported.call_spec.in_spec, dict(fn.symbols),
                      {s: (imported.symbols[s].hint if s in imported.symbols else None) for s in fn.symbols},
@@ -207,15 +211,16 @@ class Guard:
         return {"in_spec": pytree.treespec_dumps(self.in_spec), "symbols": {s: list(r) for s, r in
                 zip(self.symbols, self.ranges)}, "hints": self.hints, "names": self.names,
                 "tensor_positions": self.tensor_positions,
-                "checks": [[str(c.dtype).removeprefix("torch."), c.rank, c.static, c.bind, c.derived, c.values]
+                "checks": [[str(c.dtype).removeprefix("torch."), c.rank, c.static, c.bind, c.derived, c.values, c.scaled]
                            for c in self.checks],
                 "constants": [[i, v] for i, v in self.constants.items()]}
 
     @staticmethod
     def from_state(state: dict) -> "Guard":
         checks = [_TensorCheck(getattr(torch, dtype), rank, tuple(map(tuple, static)), tuple(map(tuple, bind)),
-                               tuple((axis, e) for axis, e in derived), tuple(values[0]) if values and values[0] else None)
-                  for dtype, rank, static, bind, derived, *values in state["checks"]]
+                               tuple((axis, e) for axis, e in derived), tuple(more[0]) if more and more[0] else None,
+                               tuple(map(tuple, more[1])) if len(more) > 1 else ())
+                  for dtype, rank, static, bind, derived, *more in state["checks"]]
         return Guard(pytree.treespec_loads(state["in_spec"]), {s: tuple(r) for s, r in state["symbols"].items()},
                      state["hints"], state["names"], state["tensor_positions"], checks,
                      {i: v for i, v in state["constants"]})
@@ -255,6 +260,11 @@ class Guard:
                     values[s] = shape[axis]
                 elif values[s] != shape[axis]:
                     return None
+            for axis, s, q in c.scaled:
+                v, rest = divmod(shape[axis], q)
+                if rest or values[s] not in (0, v):
+                    return None
+                values[s] = v
         for v, (lo, hi) in zip(values, self.ranges):
             if not lo <= v <= hi:
                 return None
@@ -314,7 +324,22 @@ class Guard:
                     out.append(Mismatch("inconsistent", f"{where0} and {where} dim {axis} are both {name} but "
                                                         f"differ ({v0} vs {v})", k, axis, v, symbol=self.symbols[s]))
                 seen.setdefault(s, (k, where, v))
+            for axis, s, q in c.scaled:
+                v, (lo, hi), name = x.shape[axis], self.ranges[s], self._symbol_name(s)
+                if v % q:
+                    out.append(Mismatch("multiple", f"{where} dim {axis} is {v}: the model needs {name} a multiple "
+                                                    f"of {q} (compiled as {q}*{self.symbols[s]})", k, axis, v,
+                                        symbol=self.symbols[s]))
+                elif not lo <= v // q <= hi:
+                    out.append(Mismatch("range", f"{where} dim {axis} is {v}: {name} is outside its compiled "
+                                                 f"range [{q * lo}, {q * hi}]", k, axis, v, symbol=self.symbols[s]))
         return out
+
+    def size_range(self, symbol: str) -> tuple[int, int]:
+        """The sizes an input dim of `symbol` may take: its range, times q where the dim is q times it."""
+        s = self.symbols.index(symbol)
+        q = next((q for c in self.checks for _, t, q in c.scaled if t == s), 1)
+        return self.ranges[s][0] * q, self.ranges[s][1] * q
 
     def _symbol_name(self, s: int) -> str:
         hint = self.hints[self.symbols[s]]
@@ -323,7 +348,7 @@ class Guard:
 
 @dataclass
 class Mismatch:
-    kind: str            # structure constant type device dtype rank static range inconsistent
+    kind: str            # structure constant type device dtype rank static range multiple inconsistent
     text: str
     input: int | None = None
     axis: int | None = None
@@ -408,7 +433,7 @@ def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
     the input shapes, allocates the outputs and runs the engine, or returns MISS (and the caller
     takes the general path). It is `Guard.match` then `NativeCall.run` with the per-call
     generality taken out, and no Python in between."""
-    if guard.positional is None:
+    if guard.positional is None or any(c.scaled for c in guard.checks):   # (a multiple: the general path)
         return None
     inputs = [(c.dtype, c.rank, list(c.static), list(c.bind), list(c.derived), c.dtype.itemsize,
                None if c.values is None else tuple(c.values[:2])) for c in guard.checks]
@@ -691,7 +716,7 @@ class CompiledModel:
             note = self._plan(reasons, args, kwargs)
             for attempt in range(MAX_REPLANS + 1):
                 try:
-                    variant = self._compile(args, kwargs, static=note.get("static_dims", frozenset()))
+                    variant = self._compile(args, kwargs, static=note.get("static_dims", set()) | note["off_multiple"])
                     break
                 except CuvilError as e:
                     if attempt == MAX_REPLANS or not self._replan(note, e):
@@ -712,7 +737,10 @@ class CompiledModel:
             if reasons:
                 text = "; ".join(m.text for m in reasons)
                 note["auto"] = [(name, axis) for name, axis in note["auto"] if not variant.guard.is_static(name, axis)]
-                action = self._describe(note) or "compiled static again (the model specialises the dim)"
+                static = any(m.axis is None for m in reasons) or \
+                    all(variant.guard.is_static(variant.guard.names[m.input], m.axis) for m in reasons)
+                action = self._describe(note) or ("compiled static again (the model specialises the dim)" if static
+                                                  else "a variant for this call's sizes")
                 self._recompiles.append(f"recompiled (variant {len(self._variants) + 1}): {text}"
                                         + (f" -> {action}" if action else ""))
             elif note.get("static"):
@@ -754,7 +782,8 @@ class CompiledModel:
 
     def _plan(self, reasons: list[Mismatch], args: tuple, kwargs: dict) -> dict:
         """Adjust the dynamic dims and ranges for the mismatches that call for it."""
-        note: dict = {"auto": [], "widened": [], "sizes": {}, "was": {}, "all_dynamic": self._all_dynamic}
+        note: dict = {"auto": [], "widened": [], "sizes": {}, "was": {}, "all_dynamic": self._all_dynamic,
+                      "off_multiple": set()}
         if not self._variants:
             return note
         guard = self._variants[-1].guard
@@ -766,9 +795,11 @@ class CompiledModel:
                 dim = named.setdefault((m.was, m.size), f"{name}_dim{m.axis}")
                 self._auto.setdefault(name, {})[m.axis] = dim
                 note["auto"].append((name, m.axis))
+            elif m.kind == "multiple":      # a size the model takes another way (Swin pads it): static here
+                note["off_multiple"].add(guard.hints[m.symbol] or m.symbol)
             elif m.kind == "range" and m.size > 0:     # an empty dim gets a static variant (`_narrowed_past`)
                 hint = guard.hints[m.symbol] or m.symbol
-                lo, hi = guard.ranges[guard.symbols.index(m.symbol)]
+                lo, hi = guard.size_range(m.symbol)
                 note["was"].setdefault(hint, self._ranges.get(hint))
                 # a cache grows a token a step: its length's range doubles, not one step a compile
                 self._ranges[hint] = (min(lo, m.size), max(hi, m.size) if hint != PAST else max(2 * hi, m.size))
@@ -789,7 +820,9 @@ class CompiledModel:
             return True
         suggested = getattr(e, "suggested_ranges", {})
         widened = dict(note.get("widened", []) or note.get("suggested", []))
+        # (a dim the model needs a multiple of has no range around a size that is none: static below)
         if widened and all(hint in suggested and suggested[hint][0] <= size <= suggested[hint][1]
+                           and hint not in getattr(e, "suggested_multiples", {})
                            for hint, size in note["sizes"].items()):
             note["widened"], note["suggested"] = [], [(hint, suggested[hint]) for hint in widened]
             self._ranges.update(note["suggested"])
@@ -822,6 +855,7 @@ class CompiledModel:
         parts += [f"range of {hint} widened to [{lo}, {hi}]" for hint, (lo, hi) in note.get("widened", [])]
         parts += [f"range of {hint} set to [{lo}, {hi}], the one torch.export suggests (the model specialises "
                   f"on it)" for hint, (lo, hi) in note.get("suggested", [])]
+        parts += [f"{hint} compiled static (a size that is no multiple)" for hint in sorted(note.get("off_multiple", ()))]
         if note.get("static"):
             parts = [f"compiled static (the dims could not stay dynamic: {note['static']})"]
         return ", ".join(parts)

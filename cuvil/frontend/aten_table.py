@@ -370,14 +370,33 @@ def pad(L: Lowering, x, pads, mode="constant", value=None):
     rank = x.type.rank
     if len(pads) % 2 or len(pads) // 2 > rank:
         L.unsupported(f"padding {list(pads)} for a rank-{rank} tensor")
-    if not all(isinstance(p, int) for p in pads):
-        L.unsupported(f"padding by amounts that depend on the input's shape ({list(pads)})")
     if mode not in PAD_MODES:
         L.unsupported(f"pad mode '{mode}'")
     low, high = [0] * rank, [0] * rank
     for k in range(len(pads) // 2):
         low[rank - 1 - k], high[rank - 1 - k] = pads[2 * k], pads[2 * k + 1]
-    return L.op("cuvil.pad", x, low=low, high=high, mode=mode, value=float(value or 0))
+    if all(isinstance(p, int) for p in pads):
+        return L.op("cuvil.pad", x, low=low, high=high, mode=mode, value=float(value or 0))
+    if mode != "constant" or not all(L.symbols.never_negative(p) for p in pads):
+        L.unsupported(f"{mode} padding by amounts that depend on the input's shape ({list(pads)}), which Cuvil "
+                      f"compiles only for constant padding by amounts that cannot be negative")
+    return _pad_by_sizes(L, x, low, high, value or 0)
+
+
+def _pad_by_sizes(L: Lowering, x, low: list, high: list, value):
+    """Constant padding by amounts that are sizes (Swin pads an image to whole windows by
+    (4 - h % 4) % 4): along each padded dim, the fill joined on before and after (either may be
+    empty at run time)."""
+    for d, amounts in enumerate(zip(low, high)):
+        shape = list(x.type.shape)
+        fills = []
+        for amount in amounts:
+            shape[d] = amount
+            fills.append(None if amount == 0 else
+                         L.op("cuvil.full", shape=list(shape), value=L.scalar(value, x.type.dtype), dtype=x.type.dtype))
+        if fills != [None, None]:
+            x = L.op("cuvil.cat", *[p for p in (fills[0], x, fills[1]) if p is not None], dim=d)
+    return x
 
 
 def unsqueeze(L: Lowering, x, dim):

@@ -13,7 +13,7 @@ import inspect
 import re
 import threading
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Container
 
 import torch
@@ -28,6 +28,7 @@ from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, 
                         returns_each_cache, spans_past_and_new, static_new_tokens)
 from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
+from ..runtime.exprs import binding
 from .size_conditions import SizeConditionError, check_kept_guards, check_size_conditions
 
 DEFAULT_RANGE = (1, 4096)
@@ -46,15 +47,18 @@ Hints = dict[str, dict[int, str]]   # input name -> {axis: dim name}
 class Captured:
     program: torch.export.ExportedProgram
     hints: Hints
+    multiples: dict[str, int] = field(default_factory=dict)   # dim name -> q: the dim is asked as q*_name
 
 
 class CuvilExportError(CuvilError):
     """torch.export could not capture the model; carries torch's reason, the user's line, and the
     ranges torch suggests for dynamic dims it could not keep over the asked ones ({name: (lo, hi)})."""
 
-    def __init__(self, reason: str, source: str | None, suggested_ranges: dict[str, tuple[int, int]] | None = None):
+    def __init__(self, reason: str, source: str | None, suggested_ranges: dict[str, tuple[int, int]] | None = None,
+                 suggested_multiples: dict[str, int] | None = None):
         self.reason, self.source = reason, source
         self.suggested_ranges = suggested_ranges or {}
+        self.suggested_multiples = suggested_multiples or {}    # {name: q}: the model needs the dim a multiple of q
         text = f"torch.export could not capture the model: {reason}"
         super().__init__(text + (f"\n  at {source}" if source else ""))
 
@@ -103,20 +107,39 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     open_dims = set() if growing or not _alike_sizes_agree(hints, values) else \
         {d for h in hints.values() for d in h.values() if not isinstance(d, AutoDim)}
     fixes: dict[str, tuple[int, int]] = {}
+    multiples: dict[str, int] = {}
     for attempt in range(MAX_FIXES + 1):
         try:
-            ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans, open_dims)
+            ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans,
+                         open_dims - set(multiples), multiples)
             break
         except CuvilExportError as e:
             # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less
             # (BERT's positions end at 512), take the range torch suggests if the example lies in it
-            new = {d: r for d, r in e.suggested_ranges.items() if d in sizes and d not in ranges and fixes.get(d) != r}
-            if attempt == MAX_FIXES or not new or not all(lo <= sizes[d] <= hi for d, (lo, hi) in new.items()):
+            suggested, more = _of_base_dims(e, multiples)
+            new = {d: r for d, r in suggested.items() if d in sizes and d not in ranges and fixes.get(d) != r}
+            # where it needs a multiple of q (Swin's patches: h = 4*_h), ask for the multiples of q
+            # that the example is one of (a declared range is the user's: its failures are said)
+            more = {d: q for d, q in more.items()
+                    if d in sizes and d not in ranges and sizes[d] % q == 0 and multiples.get(d) != q}
+            if attempt == MAX_FIXES or not (new or more) or \
+                    not all(lo <= sizes[d] <= hi for d, (lo, hi) in new.items()):
                 raise
             fixes.update(new)
+            multiples.update(more)
     _warn_pinned(hints, [d for d, (lo, hi) in fixes.items() if lo == hi and not isinstance(d, AutoDim)])
     returns_each_cache(ep.call_spec.out_spec, caches)
-    return Captured(ep, {**hints, **_cache_hints(ep, growing)})
+    return Captured(ep, {**hints, **_cache_hints(ep, growing)}, multiples)
+
+
+def _of_base_dims(e: CuvilExportError, multiples: dict[str, int]) -> tuple[dict, dict]:
+    """torch's suggested ranges and multiples, those of a base dim `_h` of a dim asked as `q*_h`
+    said of `h`."""
+    base = {f"_{d}": d for d in multiples}
+    ranges = {base.get(n, n): (r if n not in base else (r[0] * multiples[base[n]], r[1] * multiples[base[n]]))
+              for n, r in e.suggested_ranges.items()}
+    more = {base.get(n, n): q * multiples.get(base.get(n), 1) for n, q in e.suggested_multiples.items()}
+    return ranges, more
 
 
 def _warn_pinned(hints: Hints, pinned: list[str]) -> None:
@@ -137,7 +160,7 @@ def _alike_sizes_agree(hints: Hints, values: dict) -> bool:
 
 
 def _export(module, args, kwargs, named: list[str], hints: Hints, ranges, sizes: dict[str, int],
-            caches: dict, spans: dict, open_dims: set[str]) -> torch.export.ExportedProgram:
+            caches: dict, spans: dict, open_dims: set[str], multiples: dict[str, int]) -> torch.export.ExportedProgram:
     """One torch.export. An open dim (named by the user, no range declared) is asked as
     `Dim.DYNAMIC` first, so that torch settles its range where the model allows less than
     DEFAULT_RANGE (BERT's positions) in the same trace; where that does not give each such dim a
@@ -145,16 +168,16 @@ def _export(module, args, kwargs, named: list[str], hints: Hints, ranges, sizes:
     open_dims = open_dims - set(ranges)
     if open_dims:
         try:
-            return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, open_dims)
+            return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, open_dims, multiples)
         except CuvilExportError as e:
-            if e.suggested_ranges:      # a range to declare (`capture` exports again with it)
+            if e.suggested_ranges or e.suggested_multiples:     # to declare (`capture` exports again with it)
                 raise
-    return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, set())
+    return _export_once(module, args, kwargs, named, hints, ranges, sizes, caches, spans, set(), multiples)
 
 
 def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, sizes: dict[str, int],
-                 caches: dict, spans: dict, open_dims: set[str]) -> torch.export.ExportedProgram:
-    dims = _make_dims(hints, ranges, open_dims)
+                 caches: dict, spans: dict, open_dims: set[str], multiples: dict[str, int]) -> torch.export.ExportedProgram:
+    dims = _make_dims(hints, ranges, open_dims, multiples)
     specs = {name: {ax: dims[d] for ax, d in h.items()} for name, h in hints.items()}
     if caches:
         past = Dim(PAST, min=ranges.get(PAST, DEFAULT_RANGE)[0], max=ranges.get(PAST, DEFAULT_RANGE)[1])
@@ -168,6 +191,8 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
         ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes if specs else None, **options)
         if open_dims or any(isinstance(d, AutoDim) for h in hints.values() for d in h.values()):
             check_kept_guards(ep, _dim_names(ep, hints), sizes)
+        elif multiples:     # torch checks the guards on a dim asked as q*_h less than on one by name
+            check_kept_guards(ep, *_base_dims(ep, hints, multiples, sizes))
         if open_dims:
             _settle_open_dims(ep, hints, open_dims)
         return ep
@@ -195,10 +220,11 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
     except CuvilError:
         raise
     except SizeConditionError as e:
-        raise CuvilExportError(e.reason, e.source, e.suggested) from None
+        raise CuvilExportError(e.reason, e.source, e.suggested, e.multiples) from None
     except Exception as e:   # torch raises many kinds; all mean "could not capture"
         frame = exception_frame(e)
-        raise CuvilExportError(summarise(e), str(frame) if frame else None, suggested_ranges(e)) from None
+        raise CuvilExportError(summarise(e), str(frame) if frame else None, suggested_ranges(e),
+                               suggested_multiples(e)) from None
     return ep
 
 
@@ -232,6 +258,21 @@ def _dim_names(ep: torch.export.ExportedProgram, hints: Hints) -> dict:
                 if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                     out[size.node.expr] = str(d)
     return out
+
+
+def _base_dims(ep: torch.export.ExportedProgram, hints: Hints, multiples: dict[str, int],
+               sizes: dict[str, int]) -> tuple[dict, dict[str, int]]:
+    """For the dims asked as q*_h: torch's symbol of each base dim -> its name `_h`, and the base
+    dims' example sizes."""
+    names = {}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in hints and isinstance(node.meta.get("val"), torch.Tensor):
+            for ax, d in hints[node.name].items():
+                size = node.meta["val"].shape[ax]
+                bound = binding(size.node.expr) if isinstance(size, torch.SymInt) and d in multiples else None
+                if bound is not None:
+                    names[bound[0]] = f"_{d}"
+    return names, {f"_{d}": sizes[d] // q for d, q in multiples.items()}
 
 
 def _cache_hints(ep: torch.export.ExportedProgram, caches: Container[str]) -> Hints:
@@ -372,11 +413,16 @@ def _normalise_axes(hint, x, where: str) -> dict[int, str]:
     return out
 
 
-def _make_dims(hints: Hints, ranges: dict[str, tuple[int, int]], open_dims: Container[str] = ()) -> dict[str, Any]:
+def _make_dims(hints: Hints, ranges: dict[str, tuple[int, int]], open_dims: Container[str] = (),
+               multiples: dict[str, int] | None = None) -> dict[str, Any]:
     names = {n for h in hints.values() for n in h.values()}
     dims = {}
     for n in sorted(names):
         lo, hi = ranges.get(n, DEFAULT_RANGE)
+        q = (multiples or {}).get(n)
+        if q and max(1, -(-lo // q)) < hi // q:     # the multiples of q in [lo, hi]: q * _n, as torch suggests
+            dims[n] = q * Dim(f"_{n}", min=max(1, -(-lo // q)), max=hi // q)
+            continue
         dims[n] = (Dim.STATIC if lo == hi else       # one size (a range torch suggests, or the user's)
                    Dim.AUTO(min=lo, max=hi) if isinstance(n, AutoDim) else
                    Dim.DYNAMIC(min=lo, max=hi) if n in open_dims else Dim(n, min=lo, max=hi))
@@ -414,6 +460,7 @@ _NOISE = re.compile(r"^(For more information|For more debugging help|For extende
                     r"For C\+\+ stack trace|consider using|Caused by:)")
 _DIM_FIX = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
 _STATIC_FIX = re.compile(r"^\s*(\w+) = (\d+)\s*$", re.MULTILINE)     # `C = 2`: the model needs that one size
+_MULTIPLE_FIX = re.compile(r"^\s*(\w+) = (\d+)\*(\w+)\s*$", re.MULTILINE)    # `h = 4*_h`: a multiple of 4
 
 
 # torch's report of a guard a declared range fails crashes on a bound its solver derives from a floor
@@ -451,6 +498,12 @@ def suggested_ranges(e: BaseException) -> dict[str, tuple[int, int]]:
                 for m in _DIM_FIX.finditer(str(e))})
     out.update({m[1]: (int(m[2]), int(m[2])) for m in _STATIC_FIX.finditer(str(e))})
     return out
+
+
+def suggested_multiples(e: BaseException) -> dict[str, int]:
+    """The dims torch's suggested fixes make multiples (`h = 4*_h`, or `_h = 2*__h` of a dim asked
+    as `4*_h`): {name: q}."""
+    return {m[1]: int(m[2]) for m in _MULTIPLE_FIX.finditer(str(e))}
 
 
 def summarise(e: BaseException, max_lines: int = 10) -> str:

@@ -19,6 +19,7 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 from ..errors import CuvilError, CuvilUnsupportedOpError, CuvilVerifyError
 from ..ir import Builder, DType, Function, Loc, Module, TensorType, Value
 from ..ir.types import Dim, dims_equal
+from ..runtime.exprs import binding
 from .locations import SourceFrame, node_frame
 from .symbols import SymbolTable
 
@@ -245,12 +246,18 @@ def _same_sizes(ep, user: list[torch.fx.Node], hints: dict[str, dict[int, str]])
 def _add_symbols(symbols: SymbolTable, ep, node: torch.fx.Node, hint: dict[int, str], default_max: int) -> None:
     """Number the input's dynamic dims, with the user's names and the ranges torch.export settled on."""
     for axis, d in enumerate(node.meta["val"].shape):
-        if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
-            vr = ep.range_constraints.get(d.node.expr)
-            lo = int(vr.lower) if vr is not None else 1
-            # torch's int_oo (no upper bound) says it is finite; it is no Integer
-            hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else default_max
-            symbols.add(d.node.expr, hint.get(axis), lo, hi, d.node.hint)
+        if not isinstance(d, torch.SymInt):
+            continue
+        # a dim asked as a multiple (q*_h) binds torch's symbol, the quotient (runtime/exprs.binding)
+        bound = binding(d.node.expr)
+        if bound is None:
+            continue
+        s, q = bound
+        vr = ep.range_constraints.get(s)
+        lo = int(vr.lower) if vr is not None else 1
+        # torch's int_oo (no upper bound) says it is finite; it is no Integer
+        hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else default_max // q
+        symbols.add(s, hint.get(axis), lo, hi, None if d.node.hint is None else d.node.hint // q)
 
 
 def _arg_type(node: torch.fx.Node, symbols: SymbolTable) -> TensorType:

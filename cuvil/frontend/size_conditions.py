@@ -11,6 +11,7 @@ the example where it holds (which a dim without a declared range then takes).
 """
 from __future__ import annotations
 
+import math
 import operator
 import traceback
 
@@ -23,11 +24,18 @@ from .locations import SourceFrame, is_user_file, node_frame
 MAX_POINTS = 1 << 22      # sizes evaluated at once; a condition over more is refused (narrow the ranges)
 
 
+MAX_PASSES = 3            # of deciding the guards again within what the last pass found
+MAX_MULTIPLE = 64         # the largest q a condition that holds on multiples of q is recognised for
+
+
 class SizeConditionError(Exception):
-    """A condition fails for some sizes in the ranges, or cannot be decided."""
-    def __init__(self, reason: str, source: str | None, suggested: dict[str, tuple[int, int]]):
+    """A condition fails for some sizes in the ranges, or cannot be decided. `suggested`: ranges
+    where it holds, {name: (lo, hi)}; `multiples`: {name: q} where it holds on the multiples of q."""
+    def __init__(self, reason: str, source: str | None, suggested: dict[str, tuple[int, int]],
+                 multiples: dict[str, int] | None = None):
         super().__init__(reason)
         self.reason, self.source, self.suggested = reason, source, suggested
+        self.multiples = multiples or {}
 
 
 def check_size_conditions(ep: torch.export.ExportedProgram, names: dict, examples: dict[str, int]) -> None:
@@ -64,7 +72,7 @@ def check_kept_guards(ep: torch.export.ExportedProgram, names: dict, examples: d
     if shape_env is None:
         return
     ranges = {s: (int(vr.lower), vr.upper) for s, vr in shape_env.var_to_range.items()}
-    first, suggested = None, {}
+    guards = []
     for guard in shape_env.guards:
         expr = shape_env.simplify(guard.expr)
         if not (expr.free_symbols and expr.free_symbols <= set(names)):
@@ -73,30 +81,73 @@ def check_kept_guards(ep: torch.export.ExportedProgram, names: dict, examples: d
         users = isinstance(loc, traceback.FrameSummary) and is_user_file(loc.filename)
         source = str(SourceFrame(loc.filename, loc.lineno or 0, (loc.line or "").strip())) \
             if isinstance(loc, traceback.FrameSummary) else None
+        guards.append((expr, source, not users))
+    first = _decide_all(guards, ranges, names, examples, {}, {})
+    within: dict[str, tuple[int, int]] = {}
+    for _ in range(MAX_PASSES):
+        if first is None or not first.multiples:
+            break
+        # again over the multiples the last pass found, within the ranges of one dim found over them:
+        # `n//(n//4) == 4` holds for every multiple of 4, but for every size only from 16; a
+        # condition on two dims may fail only below the range one on each dim sets
+        again = _decide_all(guards, ranges, names, examples, first.multiples, within)
+        if again is None:
+            first = SizeConditionError(first.reason, first.source, within, first.multiples)
+            break
+        if (again.ranges, again.multiples) == (within, first.multiples):
+            first = again       # no progress: its ranges, with the dims conditions on several pin
+            break
+        first, within = again, again.ranges
+    if first is not None:
+        raise first
+
+
+def _decide_all(guards: list, ranges, names: dict, examples: dict[str, int],
+                multiples: dict[str, int], within: dict[str, tuple[int, int]]) -> SizeConditionError | None:
+    """Each guard decided over the ranges narrowed to `within` ({name: (lo, hi)}), sizes that are not
+    a multiple asked in `multiples` left out: None if all hold, else the first failure's error with
+    the ranges where all hold and the multiples they hold on (its `ranges`: those that conditions
+    on one dim set, before the dims a condition on several pins to the example)."""
+    first, one_dim, pins, found = None, dict(within), {}, dict(multiples)
+    by_name = {n: s for s, n in names.items()}
+    ranges = {**ranges, **{by_name[n]: r for n, r in within.items() if n in by_name}}
+    for expr, source, undecided_ok in guards:
         try:
-            _decide(expr, source, ranges, names, examples, undecided_ok=not users)
+            _decide(expr, source, ranges, names, examples, undecided_ok=undecided_ok, multiples=multiples)
         except SizeConditionError as e:
-            if not e.suggested:
+            if not (e.suggested or e.multiples):
                 raise
             first = first or e
-            for d, (lo, hi) in e.suggested.items():
-                was = suggested.get(d, (lo, hi))
-                suggested[d] = (max(lo, was[0]), min(hi, was[1]))
-    if first is not None:
-        raise SizeConditionError(first.reason, first.source, suggested)
+            _narrow(pins if len(e.suggested) > 1 else one_dim, e.suggested)
+            for d, q in e.multiples.items():
+                found[d] = math.lcm(q, found.get(d, 1))
+    if first is None:
+        return None
+    error = SizeConditionError(first.reason, first.source, _narrow(dict(one_dim), pins), found)
+    error.ranges = one_dim
+    return error
+
+
+def _narrow(ranges: dict[str, tuple[int, int]], more: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """`ranges` narrowed in place to where `more` holds too; returned."""
+    for d, (lo, hi) in more.items():
+        was = ranges.get(d, (lo, hi))
+        ranges[d] = (max(lo, was[0]), min(hi, was[1]))
+    return ranges
 
 
 def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, int],
-            undecided_ok: bool = False) -> None:
+            undecided_ok: bool = False, multiples: dict[str, int] | None = None) -> None:
     symbols = sorted(expr.free_symbols, key=str)
     text = str(expr.xreplace({s: sympy.Symbol(names[s]) for s in symbols}))
     spans = [ranges.get(s, (1, sympy.oo)) for s in symbols]
     if _true_from_lower_bounds(expr, symbols, spans):
         return
+    steps = [(multiples or {}).get(names[s], 1) for s in symbols]     # only the multiples of q are asked
     points = 1
-    for lo, hi in spans:    # an unbounded range (torch's int_oo is not an Integer) is too many points
-        points *= (int(hi) - lo + 1) if sympy.sympify(hi).is_Integer else MAX_POINTS + 1
-    holds = _evaluate(expr, symbols, spans) if points <= MAX_POINTS else None
+    for (lo, hi), q in zip(spans, steps):  # an unbounded range (torch's int_oo is not an Integer) is too many points
+        points *= (int(hi) - lo) // q + 1 if sympy.sympify(hi).is_Integer else MAX_POINTS + 1
+    holds = _evaluate(expr, symbols, spans, steps) if points <= MAX_POINTS else None
     if holds is None and undecided_ok:
         return
     if holds is None:
@@ -107,14 +158,37 @@ def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, i
         return
     grids = torch.meshgrid(*[torch.arange(lo, int(hi) + 1) for lo, hi in spans], indexing="ij")
     failing = ", ".join(f"{names[s]}={int(g[~holds][0])}" for s, g in zip(symbols, grids))
-    suggested = {}
+    suggested, multiples = {}, {}
     if len(symbols) == 1 and names[symbols[0]] in examples:
-        suggested = _widest_around(holds, spans[0][0], examples[names[symbols[0]]], names[symbols[0]])
+        name, lo = names[symbols[0]], spans[0][0]
+        suggested = _widest_around(holds, lo, examples[name], name)
+        q = _multiple_where_holds(holds, lo, examples[name])
+        if q is not None and (not suggested or suggested[name][1] - suggested[name][0] < len(holds) // 2):
+            # holds on the multiples of q (Swin's `h % 4 == 0`), where a range around the example
+            # would keep little of the span
+            suggested, multiples = {name: q[1]}, {name: q[0]}
     elif all(names[s] in examples for s in symbols):     # no one range: each dim at the example's size
         suggested = {names[s]: (examples[names[s]],) * 2 for s in symbols}
     where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
     raise SizeConditionError(f"the model requires {text}, which fails at {failing} within the range {where}",
-                             source, suggested)
+                             source, suggested, multiples)
+
+
+def _multiple_where_holds(holds: torch.Tensor, lo: int, example: int) -> tuple[int, tuple[int, int]] | None:
+    """(q, (from, to)): the smallest q (2 to MAX_MULTIPLE) of which the example is a multiple and for
+    whose multiples from `from` on (to the span's end, `to`) the condition holds, `from` as low as
+    that allows; None if there is none."""
+    hi = lo + len(holds) - 1
+    for q in range(2, MAX_MULTIPLE + 1):
+        if example % q:
+            continue
+        start = -(-lo // q) * q
+        at = holds[start - lo::q]
+        failing = (~at).nonzero()
+        first = start if len(failing) == 0 else start + q * (int(failing[-1]) + 1)
+        if first <= example:
+            return q, (first, hi)
+    return None
 
 
 def _true_from_lower_bounds(expr, symbols: list, spans: list) -> bool:
@@ -147,16 +221,25 @@ _RELATIONS = {sympy.Eq: operator.eq, sympy.Ne: operator.ne, sympy.Lt: operator.l
               sympy.Gt: operator.gt, sympy.Ge: operator.ge}
 
 
-def _evaluate(expr, symbols: list, spans: list) -> torch.Tensor | None:
+def _evaluate(expr, symbols: list, spans: list, steps: list[int] | None = None) -> torch.Tensor | None:
     """expr at every point of the ranges, as a bool tensor; None where it uses a function Cuvil does
-    not evaluate. Where a division in it is by zero the model cannot run, so the condition fails there."""
-    grids = torch.meshgrid(*[torch.arange(lo, int(hi) + 1) for lo, hi in spans], indexing="ij")
+    not evaluate. Where a division in it is by zero the model cannot run, so the condition fails there.
+    `steps`: per symbol, evaluate only its multiples of that step (True at the other points)."""
+    steps = steps or [1] * len(symbols)
+    firsts = [-(-lo // q) * q for (lo, _), q in zip(spans, steps)]
+    grids = torch.meshgrid(*[torch.arange(f, int(hi) + 1, q) for f, (_, hi), q in zip(firsts, spans, steps)],
+                           indexing="ij")
     by_zero = torch.zeros(grids[0].shape, dtype=torch.bool)
     try:
         result = _Evaluator(dict(zip(symbols, grids)), by_zero).eval(expr)
     except _Undecided:
         return None
-    return torch.as_tensor(result).broadcast_to(by_zero.shape) & ~by_zero
+    asked = torch.as_tensor(result).broadcast_to(by_zero.shape) & ~by_zero
+    if steps == [1] * len(symbols):
+        return asked
+    holds = torch.ones([int(hi) - lo + 1 for lo, hi in spans], dtype=torch.bool)
+    holds[tuple(slice(f - lo, None, q) for f, (lo, _), q in zip(firsts, spans, steps))] = asked
+    return holds
 
 
 class _Undecided(Exception):

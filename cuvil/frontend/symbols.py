@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import sympy
 import torch
 import torch.utils._sympy.functions as tfn
@@ -21,7 +22,8 @@ from ..ir.types import Dim, floordiv, norm_dim, sym
 @dataclass(frozen=True)
 class SymbolInfo:
     """One dynamic dimension: its Cuvil symbol, the user's name for it, its range (inclusive) and
-    its size in the example torch.export traced."""
+    its size in the example torch.export traced. A dim the model needs a multiple of q (Swin's image
+    sides) is q times its symbol: `hint` names that product."""
     symbol: str
     hint: str | None
     range: tuple[int, int]
@@ -97,6 +99,23 @@ class SymbolTable:
         """(lo, hi) of dim `d` over the ranges of its symbols, or None where they do not bound it."""
         from ..codegen.index_math import bounds
         return bounds(d, {sym(name): i.range for name, i in self.info.items()})
+
+    def never_negative(self, d: Dim, most_points: int = 1 << 16) -> bool:
+        """Whether `d` is >= 0 over the ranges: by its bounds, or for a dim of one symbol, at every
+        size in its range (the bounds of a remainder written -(h + 4*((-h)//4)) are too wide)."""
+        if isinstance(d, int):
+            return d >= 0
+        span = self.span(d)
+        if span is not None and span[0] >= 0:
+            return True
+        (s,) = d.free_symbols if len(d.free_symbols) == 1 else (None,)
+        if s is None or str(s) not in self.info:
+            return False
+        lo, hi = self.info[str(s)].range
+        if hi - lo >= most_points:
+            return False
+        values = sympy.lambdify(s, d, "numpy")(np.arange(lo, hi + 1, dtype=np.int64))
+        return bool((np.asarray(values) >= 0).all())
 
     def pin(self, d: Dim) -> Dim:
         """`d`, or the one value it takes over the ranges (`(W - 3)//2 + 1` with W in [9, 10] is 4)."""
@@ -183,13 +202,22 @@ class SymbolTable:
         if isinstance(e, (tfn.FloorDiv, tfn.CleanDiv, tfn.CeilDiv)):
             num, den = args
             q = floordiv(num + den - 1 if isinstance(e, tfn.CeilDiv) else num, den)
-            if not isinstance(den, int) and any(not sympy.fraction(sympy.together(f.args[0]))[1].is_Integer
-                                                for f in sympy.sympify(q).atoms(sympy.floor)):
+            if not isinstance(den, int) and _divides_by_size(q):
+                # expanded, a sum that is a multiple of the divisor cancels (Swin's window count:
+                # h padded to whole windows, over the windows)
+                num, den = (sympy.factor_terms(sympy.expand(a)) for a in (num, den))
+                q = floordiv(num + den - 1 if isinstance(e, tfn.CeilDiv) else num, den)
+            if not isinstance(den, int) and _divides_by_size(q):
                 raise CuvilUnsupportedOpError("symbolic shape expression",
                                               detail=f"size ({num}) // {den} divides by a size, which Cuvil dims "
                                                      f"cannot express (a step or stride that is itself dynamic)")
             return q
         if isinstance(e, (tfn.Mod, tfn.PythonMod, sympy.Mod)):
+            a, b = args
+            if isinstance(b, int) and b > 0:
+                # a - b*(a//b): it cancels where a sum is a multiple of b, as a Mod does not (Swin pads
+                # its side h to h + (-h) % 4, which a reshape then splits into windows of 4)
+                return sympy.expand(a - b * floordiv(a, b))
             return sympy.Mod(*args)
         if isinstance(e, (sympy.Max, sympy.Min, tfn.Max, tfn.Min)):
             decided = self._extreme(args, isinstance(e, (sympy.Max, tfn.Max)))
@@ -202,3 +230,9 @@ class SymbolTable:
                        f"decide it (a size at most the model's largest)")
         raise CuvilUnsupportedOpError("symbolic shape expression",
                                       detail=f"size '{e}' uses {type(e).__name__}, which Cuvil dims cannot express")
+
+
+def _divides_by_size(d) -> bool:
+    """Whether dim `d` has a floor division by a symbolic size."""
+    return any(not sympy.fraction(sympy.together(f.args[0]))[1].is_Integer for f in sympy.sympify(d).atoms(sympy.floor))
+

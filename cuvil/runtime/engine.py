@@ -56,7 +56,7 @@ import torch
 
 from cuvil import _native
 from cuvil.ir.types import DType, TensorType
-from cuvil.runtime.exprs import evaluate, to_postfix
+from cuvil.runtime.exprs import binding, evaluate, to_postfix
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,8 @@ class StepTiming(NamedTuple):
 class Executable:
     """A program loaded into the native engine, called with torch tensors.
 
-    Symbols bind from the input shapes (each symbol must appear bare in some input dim); inputs are
+    Symbols bind from the input shapes (each symbol must appear in some input dim bare, or times
+    an integer: `exprs.binding`); inputs are
     checked (dtype, rank, dims, symbol ranges), made contiguous, and outputs allocated here.
     """
 
@@ -183,15 +184,17 @@ class Executable:
         self.engine = _native.Engine(module, program.describe(kernels), **options)
         index = {name: i for i, name in enumerate(program.symbols)}
         self._ranges = [program.symbols[name] for name in program.symbols]
-        self._binders: dict[int, tuple[int, int]] = {}  # symbol -> (input, axis)
+        self._binders: dict[int, tuple[int, int, int]] = {}  # symbol -> (input, axis, q): the size over q
         for i, t in enumerate(program.inputs):
             for axis, d in enumerate(t.shape):
-                if not isinstance(d, int) and d.is_Symbol and d.name in index:
-                    self._binders.setdefault(index[d.name], (i, axis))
+                bound = binding(d)
+                if bound is not None and bound[0].name in index:
+                    self._binders.setdefault(index[bound[0].name], (i, axis, bound[1]))
         unbound = [name for name, i in index.items() if i not in self._binders]
         if unbound:
             raise _native.ProgramError(f"invalid program: symbol(s) {', '.join(unbound)} appear in no input "
-                                       f"shape as a plain dimension, so no call can bind them")
+                                       f"shape as a plain dimension (or an integer times one), so no call can "
+                                       f"bind them")
         self._in_shapes = [[to_postfix(d, index) for d in t.shape] for t in program.inputs]
         self._out_shapes = [[to_postfix(d, index) for d in t.shape] for t in program.outputs]
         # what profiles call each step: its own kernel, also where it runs code it shares with another
@@ -214,7 +217,7 @@ class Executable:
             if x.dim() != t.rank:
                 raise _native.RunError(f"{self._input_name(i)}: expected {t.rank} dims {t}, got shape "
                                        f"{tuple(x.shape)}")
-        symbols = [inputs[i].shape[axis] for i, axis in (self._binders[s] for s in range(len(self._ranges)))]
+        symbols = [inputs[i].shape[axis] // q for i, axis, q in (self._binders[s] for s in range(len(self._ranges)))]
         for (name, (lo, hi)), v in zip(self.program.symbols.items(), symbols):
             if not lo <= v <= hi:
                 raise _native.RunError(f"dimension {name} = {v} is outside its range [{lo}, {hi}]")

@@ -73,6 +73,18 @@ def _emit(e, index: Mapping[str, int], out: list, whole) -> None:
         raise ValueError(f"dimension {whole} uses '{type(e).__name__}', which the runtime cannot evaluate")
 
 
+def binding(dim) -> tuple[sympy.Symbol, int] | None:
+    """(symbol, q) where an input dim binds a symbol: a plain symbol (q = 1), or q times one (a dim
+    the model needs a multiple of q: the size divided by q, checked to divide); else None."""
+    if isinstance(dim, int):
+        return None
+    if dim.is_Symbol:
+        return dim, 1
+    if dim.is_Mul and len(dim.args) == 2 and dim.args[0].is_Integer and dim.args[0] > 1 and dim.args[1].is_Symbol:
+        return dim.args[1], int(dim.args[0])
+    return None
+
+
 def evaluate(expr: Postfix, symbols: Sequence[int]) -> int:
     """Value of a postfix expression; the same semantics as the native engine."""
     if isinstance(expr, int):

@@ -187,3 +187,43 @@ def test_a_min_of_sizes_the_ranges_leave_open_is_decided_by_the_example():
         if length == 7:
             assert len(c._variants) == 1, c.explain_recompiles()
     assert c._variants[0].guard.ranges == [(1, 8)]
+
+
+class _Groups(torch.nn.Module):
+    """Rows in groups of 4: torch.export accepts the dim only as a multiple of 4."""
+    def forward(self, x):
+        return x.view(-1, 4, x.shape[1]).sum(1) * 2.0
+
+
+def test_a_dim_the_model_needs_a_multiple_of_serves_every_multiple(tmp_path):
+    # before: the dim was compiled static, and each size compiled a variant of its own
+    model = _Groups()
+    c = cuvil.compile(model, dynamic={"x": {0: "n"}}, cache=False)
+    for n in (16, 8, 40, 4096):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(c(x), model(x))
+    assert len(c._variants) == 1
+    guard = c._variants[0].guard
+    assert guard.size_range(guard.symbols[0]) == (8, 4096)      # n = 4*s0, s0 from 2 as torch assumes
+    x = torch.randn(24, 3)
+    out, _ = c.profile(x)      # the engine's own binding of the dims
+    torch.testing.assert_close(out, model(x))
+    assert guard.match((torch.randn(13, 3),), {}) is None
+    assert [m.kind for m in guard.mismatches((torch.randn(13, 3),), {})] == ["multiple"]
+    c.save(tmp_path / "groups.cuvil")
+    loaded = cuvil.load(tmp_path / "groups.cuvil")
+    x = torch.randn(32, 3)
+    torch.testing.assert_close(loaded(x), model(x))
+
+
+def test_padding_to_whole_windows_by_a_size():
+    # Swin pads its feature map to whole windows by (4 - n % 4) % 4 rows, then splits it into
+    # windows: the padding is a size, and the windows' count divides by nothing dynamic
+    def f(x):
+        pad = (4 - x.shape[0] % 4) % 4
+        y = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return y.view(-1, 4, x.shape[1]).amax(1) + 1.0
+    c = cuvil.compile(f, dynamic={"x": {0: "n"}}, cache=False)
+    for n in (13, 9, 16, 30, 5):
+        _check(c, f, torch.randn(n, 3))
+    assert len(c._variants) == 1

@@ -170,3 +170,14 @@ def test_a_declared_range_whose_failing_guard_torch_cannot_report_says_what_to_d
     undeclared = cuvil.compile(f, dynamic={"x": {0: "n"}})
     for n in (10, 7):
         assert [p.shape for p in undeclared(torch.randn(n, 4))] == [p.shape for p in f(torch.randn(n, 4))]
+
+
+def test_a_condition_that_holds_on_the_multiples_of_q():
+    from cuvil.frontend.size_conditions import _multiple_where_holds
+    n = torch.arange(2, 51)
+    assert _multiple_where_holds(n % 4 == 0, 2, 16) == (4, (4, 50))
+    # n // (n // 4) == 4 holds for every size from 16, for the even ones from 12: the smallest q
+    holds = torch.where(n // 4 > 0, n // torch.clamp(n // 4, min=1) == 4, False)
+    assert _multiple_where_holds(holds, 2, 16) == (2, (12, 50))
+    assert _multiple_where_holds(n % 4 == 0, 2, 18) is None      # the example is no multiple of 4
+    assert _multiple_where_holds(n % 3 != 1, 2, 9) == (3, (3, 50))
