@@ -681,9 +681,9 @@ class KernelEmitter:
         if isinstance(e, sympy.Mod):
             num, den = e.args
             r = b.srem(self.index(num), self.index(den))
-            if num.is_nonnegative:
+            if num.is_nonnegative and den.is_positive:
                 return r
-            return b.select(b.icmp_signed("<", r, ir.Constant(I64, 0)), b.add(r, self.index(den)), r)
+            return b.select(self.floor_fix(r, den), b.add(r, self.index(den)), r)
         if isinstance(e, (sympy.Min, sympy.Max)):
             op = "<" if isinstance(e, sympy.Min) else ">"
             vals = [self.index(a) for a in e.args]
@@ -694,13 +694,24 @@ class KernelEmitter:
         raise ValueError(f"kernel {self.kernel.name}: cannot emit index expression {e}")
 
     def floordiv(self, num, den) -> ir.Value:
-        """Floor division by a positive divisor (dims and constants are positive)."""
+        """Floor division, as in Python. Dims are positive, but a ceiling written -((-s)//4) puts a
+        negative divisor into some indices (`p // (-3*((-s)//4))`), where truncating division
+        corrected as for a positive one is off by one."""
         b = self.b
         q = b.sdiv(self.index(num), self.index(den))
-        if num.is_nonnegative:
+        if num.is_nonnegative and den.is_positive:
             return q
-        r = b.srem(self.index(num), self.index(den))
-        return b.sub(q, b.zext(b.icmp_signed("<", r, ir.Constant(I64, 0)), I64))
+        return b.sub(q, b.zext(self.floor_fix(b.srem(self.index(num), self.index(den)), den), I64))
+
+    def floor_fix(self, remainder: ir.Value, den) -> ir.Value:
+        """Whether truncating division left `remainder` on the other side of zero from the
+        divisor `den` (then floor division is one less, and the floor remainder `den` more)."""
+        b, zero = self.b, ir.Constant(I64, 0)
+        negative = b.icmp_signed("<", remainder, zero)
+        if den.is_positive:
+            return negative
+        return b.and_(b.icmp_signed("!=", remainder, zero),
+                      b.icmp_signed("!=", negative, b.icmp_signed("<", self.index(den), zero)))
 
     # -- scalar expressions
     def expr(self, e: Expr) -> ir.Value:

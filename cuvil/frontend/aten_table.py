@@ -26,6 +26,7 @@ from ..ir.types import dims_equal, norm_dim
 from ..ir.ops.common import window_out
 from ..ir.ops.layout import PAD_MODES
 from .importer import Lowering, Unavailable, op_name
+from .resampling import RESAMPLING, repeat_each
 
 aten = torch.ops.aten
 
@@ -647,7 +648,7 @@ def repeat_interleave(L: Lowering, x, repeats, dim=None, output_size=None):
         L.unsupported("a repeat count that is not a constant")
     if dim is None:
         x, dim = _flat(L, x), 0
-    return _repeat_each(L, x, L.axis(dim, x.type.rank), repeats)
+    return repeat_each(L, x, L.axis(dim, x.type.rank), repeats)
 
 
 def repeat(L: Lowering, x, repeats):
@@ -1105,79 +1106,7 @@ def conv_transpose(L: Lowering, x, weight, bias=None, stride=1, padding=0, outpu
     return y
 
 
-# ----------------------------------------------------------------------------- resampling
-
-def resample(overload, align: bool):
-    """aten.upsample_*.vec and _upsample_*_aa.vec: each resized axis, from the last, as a weighted
-    sum of gathers along it. The taps and weights are torch's own: the same overload run at compile
-    time on one-hot probes (so every mode, align_corners, scale and antialias rule is eager's).
-    Nearest upscaling by an integer factor is a view instead (any size, symbolic too)."""
-    def row(L: Lowering, x, output_size, *args):
-        align_corners, scales = args if align else (None, args[0])
-        out_shape = L.out_shape()
-        spatial = len(out_shape) - 2
-        for j in reversed(range(spatial)):
-            axis = 2 + j
-            n_in, n_out = x.type.shape[axis], out_shape[axis]
-            if dims_equal(n_in, n_out):
-                continue
-            factor = _integer_factor(n_in, n_out)
-            if not align and factor is not None and (scales is None or scales[j] == factor):
-                x = _repeat_each(L, x, axis, factor)
-                continue
-            if not (isinstance(n_in, int) and isinstance(n_out, int)):
-                L.unsupported(f"{overload} of a symbolic size ({n_in} -> {n_out}) other than nearest upscaling "
-                              f"by an integer factor")
-            picks, weights = _resampling_taps(overload, align, spatial, j, n_in, n_out, align_corners, scales)
-            x = _weighted_gathers(L, x, axis, picks, weights)
-        return x
-    return row
-
-
-def _integer_factor(n_in, n_out) -> int | None:
-    ratio = sympy.sympify(n_out) / sympy.sympify(n_in)
-    return int(ratio) if ratio.is_Integer and ratio > 1 else None
-
-
-def _repeat_each(L: Lowering, x, axis: int, factor: int):
-    """Every element along `axis` repeated `factor` times in place (nearest upscaling) as views."""
-    shape = list(x.type.shape)
-    y = L.op("cuvil.unsqueeze", x, dim=axis + 1)
-    y = L.op("cuvil.expand", y, shape=shape[:axis + 1] + [factor] + shape[axis + 1:])
-    return L.op("cuvil.reshape", y, shape=shape[:axis] + [norm_dim(sympy.sympify(shape[axis]) * factor)]
-                + shape[axis + 1:])
-
-
-def _resampling_taps(overload, align: bool, spatial: int, j: int, n_in: int, n_out: int, align_corners, scales):
-    """(source index, weight) tables, [taps, n_out] each, of resizing spatial axis j: the overload
-    run on n_in one-hot rows, the other axes of size 2 left as they are (size 1 would do, but the
-    antialiased kernels weigh a size-1 axis wrongly). Unused taps read element 0 with weight 0."""
-    probe = torch.eye(n_in).reshape(n_in, 1, *(n_in if i == j else 1 for i in range(spatial)))
-    probe = probe.expand(n_in, 1, *(n_in if i == j else 2 for i in range(spatial))).contiguous()
-    size = None if scales is not None else [n_out if i == j else 2 for i in range(spatial)]
-    scale = None if scales is None else [scales[j] if i == j else 1.0 for i in range(spatial)]
-    with torch.no_grad():
-        out = overload(probe, size, align_corners, scale) if align else overload(probe, size, scale)
-    matrix = out[(slice(None), 0, *(slice(None) if i == j else 0 for i in range(spatial)))]
-    taps = max(1, int((matrix != 0).sum(0).max()))
-    picks, weights = torch.zeros(taps, n_out, dtype=torch.int64), torch.zeros(taps, n_out)
-    for o in range(n_out):
-        rows = matrix[:, o].nonzero().flatten()
-        picks[:len(rows), o], weights[:len(rows), o] = rows, matrix[rows, o]
-    return picks, weights
-
-
-def _weighted_gathers(L: Lowering, x, axis: int, picks, weights):
-    rank, dtype = x.type.rank, x.type.dtype
-    out = None
-    for t in range(picks.shape[0]):
-        term = L.op("cuvil.index_select", x, L.constant("resample.taps", picks[t]), dim=axis)
-        if not bool((weights[t] == 1).all()):
-            w = weights[t].to(dtype.torch).reshape(-1, *(1,) * (rank - 1 - axis))
-            term = L.op("cuvil.mul", term, L.constant("resample.weights", w))
-        out = term if out is None else L.op("cuvil.add", out, term)
-    return out
-
+# ----------------------------------------------------------------------------- pixel shuffles
 
 def pixel_shuffle(L: Lowering, x, r):
     """[..., C*r*r, H, W] -> [..., C, H*r, W*r] as a reshape, permute and reshape."""
@@ -1537,11 +1466,7 @@ ATEN_TABLE = {
     aten.conv_transpose1d.default: conv_transpose,
     aten.conv_transpose2d.input: conv_transpose,
     aten.max_pool2d.default: max_pool2d,
-    **{op: resample(op, align) for op, align in (
-        (aten.upsample_nearest1d.vec, False), (aten.upsample_nearest2d.vec, False),
-        (aten._upsample_nearest_exact1d.vec, False), (aten._upsample_nearest_exact2d.vec, False),
-        (aten.upsample_linear1d.vec, True), (aten.upsample_bilinear2d.vec, True), (aten.upsample_bicubic2d.vec, True),
-        (aten._upsample_bilinear2d_aa.vec, True), (aten._upsample_bicubic2d_aa.vec, True))},
+    **RESAMPLING,
     aten.pixel_shuffle.default: pixel_shuffle,
     aten.pixel_unshuffle.default: pixel_unshuffle,
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,

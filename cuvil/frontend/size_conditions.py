@@ -12,6 +12,7 @@ the example where it holds (which a dim without a declared range then takes).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import operator
 import traceback
 
@@ -148,12 +149,19 @@ def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, i
     for (lo, hi), q in zip(spans, steps):  # an unbounded range (torch's int_oo is not an Integer) is too many points
         points *= (int(hi) - lo) // q + 1 if sympy.sympify(hi).is_Integer else MAX_POINTS + 1
     holds = _evaluate(expr, symbols, spans, steps) if points <= MAX_POINTS else None
-    if holds is None and undecided_ok:
+    if holds is None and (undecided_ok or _holds_as_a_product(expr, symbols, spans, steps)):
         return
     if holds is None:
         where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
-        raise SizeConditionError(f"the model requires {text}, which Cuvil cannot check for every size ({where}); "
-                                 f"declare narrower ranges= or static sizes", source, {})
+        failing = _failing_representative(expr, symbols, spans, steps)
+        if failing == {}:
+            return
+        if failing is None:
+            raise SizeConditionError(f"the model requires {text}, which Cuvil cannot check for every size ({where}); "
+                                     f"declare narrower ranges= or static sizes", source, {})
+        raise SizeConditionError(f"the model requires {text}, which fails at "
+                                 f"{', '.join(f'{names[s]}={v}' for s, v in failing.items())} within the range {where}",
+                                 source, {})
     if bool(holds.all()):
         return
     grids = torch.meshgrid(*[torch.arange(lo, int(hi) + 1) for lo, hi in spans], indexing="ij")
@@ -172,6 +180,99 @@ def _decide(expr, source: str | None, ranges, names: dict, examples: dict[str, i
     where = ", ".join(f"{names[s]} in [{lo}, {hi}]" for s, (lo, hi) in zip(symbols, spans))
     raise SizeConditionError(f"the model requires {text}, which fails at {failing} within the range {where}",
                              source, suggested, multiples)
+
+
+_ORDER = {sympy.Ge: operator.ge, sympy.Gt: operator.gt, sympy.Le: operator.le, sympy.Lt: operator.lt}
+
+
+def _holds_as_a_product(expr, symbols: list, spans: list, steps: list[int]) -> bool:
+    """Whether a condition on products of factors of one symbol each holds at every point of
+    ranges too many to evaluate: the element counts and strides that a reshape of several dynamic
+    dims compares (`6*(h + pad_h)*(w + pad_w) == 24*((h + pad_h)//2)*((w + pad_w)//2)`, `!=`, or
+    `3*((h + pad_h)//2)*((w + pad_w)//2) >= 1`). Each symbol's share of a side is the product of
+    its factors, taken at every size of its range.
+    - `lhs == rhs` where the shares' ratios lhs_s/rhs_s multiply to rhs's constant over lhs's:
+      everywhere when each ratio is one value and those multiply to it;
+    - `lhs != rhs` when no choice of ratios does (decided for two symbols at most);
+    - `product <op> constant` by the product's least and greatest values, its shares all positive.
+    False for any other condition, or a factor that is 0 somewhere."""
+    if not isinstance(expr, (sympy.Eq, sympy.Ne, *_ORDER)):
+        return False
+    sides = [sympy.Mul.make_args(side) for side in expr.args]
+    if any(len(f.free_symbols) > 1 or (not f.free_symbols and not f.is_Rational) for side in sides for f in side):
+        return False
+    constants = [math.prod(Fraction(int(f.p), int(f.q)) for f in side if not f.free_symbols) for side in sides]
+    shares = []     # per symbol, per side: its share at every size
+    for s, (lo, hi), q in zip(symbols, spans, steps):
+        sizes = torch.arange(-(-lo // q) * q, int(hi) + 1, q)
+        by_zero = torch.zeros(sizes.shape, dtype=torch.bool)
+        try:
+            parts = [torch.as_tensor(_Evaluator({s: sizes}, by_zero).eval(
+                sympy.Mul(*[f for f in side if s in f.free_symbols]))).broadcast_to(sizes.shape).tolist()
+                for side in sides]
+        except _Undecided:
+            return False
+        if by_zero.any() or any(v == 0 for part in parts for v in part):
+            return False
+        shares.append(parts)
+    if type(expr) in _ORDER:
+        varying = [i for i, side in enumerate(sides) if any(f.free_symbols for f in side)]
+        if len(varying) != 1 or any(min(parts[varying[0]]) < 0 for parts in shares):
+            return False
+        k = varying[0]
+        ends = [constants[k] * math.prod(pick(parts[k]) for parts in shares) for pick in (min, max)]
+        compare = _ORDER[type(expr)]
+        return all(compare(e, constants[1]) if k == 0 else compare(constants[0], e) for e in ends)
+    if constants[0] == 0:
+        return False
+    target = constants[1] / constants[0]
+    ratios = [{Fraction(a, b) for a, b in zip(*parts)} for parts in shares]
+    if isinstance(expr, sympy.Eq):
+        return all(len(r) == 1 for r in ratios) and math.prod(next(iter(r)) for r in ratios) == target
+    if target == 0 or len(ratios) == 1:
+        return target == 0 or target not in ratios[0]
+    return len(ratios) == 2 and not ({target / a for a in ratios[0]} & ratios[1])
+
+
+def _failing_representative(expr, symbols: list, spans: list, steps: list[int]) -> dict | None:
+    """A point of the ranges where `expr` fails ({} where it holds at every point), for ranges
+    too many to evaluate whole where each symbol enters only through parts of its own that take
+    few values (`(h + pad_h)//((h + pad_h)//2)` is 2 at every h): the condition then depends on a
+    size only through the values of its parts, so one size for each distinct tuple of them stands
+    for all the others. None where there are still too many points, or a part divides by 0."""
+    representatives = []
+    for s, (lo, hi), q in zip(symbols, spans, steps):
+        if not sympy.sympify(hi).is_Integer:
+            return None
+        sizes = torch.arange(-(-lo // q) * q, int(hi) + 1, q)
+        by_zero = torch.zeros(sizes.shape, dtype=torch.bool)
+        try:
+            values = torch.stack([torch.as_tensor(_Evaluator({s: sizes}, by_zero).eval(part)).broadcast_to(sizes.shape)
+                                  .to(torch.int64) for part in _parts_of(expr, s)])
+        except _Undecided:
+            return None
+        if by_zero.any():
+            return None
+        _, which = torch.unique(values, dim=1, return_inverse=True)
+        first = torch.full((int(which.max()) + 1,), len(sizes)).scatter_reduce(0, which, torch.arange(len(sizes)), "amin")
+        representatives.append(sizes[first])
+    if math.prod(len(r) for r in representatives) > MAX_POINTS:
+        return None
+    grids = torch.meshgrid(*representatives, indexing="ij")
+    by_zero = torch.zeros(grids[0].shape, dtype=torch.bool)
+    try:
+        holds = torch.as_tensor(_Evaluator(dict(zip(symbols, grids)), by_zero).eval(expr)).broadcast_to(by_zero.shape)
+    except _Undecided:
+        return None
+    holds = holds & ~by_zero
+    return {} if bool(holds.all()) else {s: int(g[~holds][0]) for s, g in zip(symbols, grids)}
+
+
+def _parts_of(e, symbol) -> list:
+    """The largest subexpressions of `e` whose only symbol is `symbol`."""
+    if e.free_symbols == {symbol}:
+        return [e]
+    return [p for a in e.args for p in _parts_of(a, symbol)] if symbol in e.free_symbols else []
 
 
 def _multiple_where_holds(holds: torch.Tensor, lo: int, example: int) -> tuple[int, tuple[int, int]] | None:

@@ -9,6 +9,7 @@ torch's integer functions (FloorDiv, CeilDiv, CleanDiv, Mod, PythonMod) become p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 import numpy as np
 import sympy
@@ -176,6 +177,34 @@ class SymbolTable:
             n, d = -n, -d
         return floordiv(n + d - 1, d) if isinstance(e, tfn.CeilToInt) else floordiv(n, d)
 
+    def _scaled_size(self, e, factor: float, size):
+        """int(size * factor) in f64, F.interpolate's output size for a scale factor, as
+        floor(p*size / q): p/q the simplest fraction that gives torch's value at every size the
+        range allows (1.5 is 3/2, 1.7 is 17/10), checked at each one."""
+        n = self._convert(size)
+        ratio = Fraction(factor).limit_denominator(1 << 12)
+        d = floordiv(ratio.numerator * n, ratio.denominator)
+        if factor > 0 and (ratio == factor or self._agrees(n, d, lambda v: np.trunc(v * factor))):
+            return d
+        raise CuvilUnsupportedOpError("symbolic shape expression",
+                                      detail=f"size '{e}' scales a size by {factor}, which no fraction with a "
+                                             f"small denominator reproduces over the range; give the size instead")
+
+    def _agrees(self, n: Dim, d: Dim, reference, most_points: int = 1 << 16) -> bool:
+        """Whether dim `d` equals reference(value of n) at every size in the range of n's one
+        symbol."""
+        (s,) = n.free_symbols if len(getattr(n, "free_symbols", ())) == 1 else (None,)
+        if s is None or str(s) not in self.info:
+            return False
+        lo, hi = self.info[str(s)].range
+        if hi - lo >= most_points:
+            return False
+        sizes = np.arange(lo, hi + 1, dtype=np.int64)
+
+        def at(dim):
+            return np.broadcast_to(np.asarray(sympy.lambdify(s, dim, "numpy")(sizes), dtype=np.float64), sizes.shape)
+        return bool((at(d) == reference(at(n))).all())
+
     def _never_negative(self, d) -> bool:
         """d >= 0 at every point of the ranges (a difference, so that `min(16*s + 16, 32*s + 32)`
         is decided where the two sizes' own spans overlap)."""
@@ -192,6 +221,8 @@ class SymbolTable:
             return self._map[e]
         if isinstance(e, (tfn.CeilToInt, tfn.FloorToInt)) and isinstance(e.args[0], (tfn.FloatTrueDiv, tfn.IntTrueDiv)):
             return self._rounded_quotient(e, *e.args[0].args)
+        if isinstance(e, (tfn.TruncToInt, tfn.FloorToInt)) and _float_times_size(e.args[0]) is not None:
+            return self._scaled_size(e, *_float_times_size(e.args[0]))
         args = [self._convert(a) for a in e.args]
         if e.is_Add:
             return sympy.Add(*args)
@@ -230,6 +261,14 @@ class SymbolTable:
                        f"decide it (a size at most the model's largest)")
         raise CuvilUnsupportedOpError("symbolic shape expression",
                                       detail=f"size '{e}' uses {type(e).__name__}, which Cuvil dims cannot express")
+
+
+def _float_times_size(e) -> tuple[float, object] | None:
+    """(c, x) of `c * ToFloat(x)`, torch's form of a size times a float scale factor."""
+    if not e.is_Mul or len(e.args) != 2:
+        return None
+    c, x = sorted(e.args, key=lambda a: not a.is_Float)
+    return (float(c), x.args[0]) if c.is_Float and isinstance(x, tfn.ToFloat) else None
 
 
 def _divides_by_size(d) -> bool:

@@ -205,9 +205,19 @@ def bounds(e, known: Bounds):
         return sympy.Add(*(p[0] for p in parts)), sympy.Add(*(p[1] for p in parts))
     if e.is_Mul:
         coeff, rest = e.as_independent(*[s for s in e.free_symbols if s in _bounded_symbols(known)])
-        if coeff == 1:      # a product of bounded factors (s0*s1): of non-negative ones only
+        if coeff == 1:      # a product of bounded factors (s0*s1)
             parts = [bounds(f, known) for f in e.args]
-            if any(p is None or p[0] < 0 for p in parts):
+            if any(p is None for p in parts):
+                return None
+            if all(sympy.sympify(x).is_number for p in parts for x in p):
+                # numbers: the product's ends are among the corners' (two negative factors,
+                # floor(-h/2)*floor(-w/2), make a positive product)
+                lo, hi = parts[0]
+                for a, b in parts[1:]:
+                    corners = [lo * a, lo * b, hi * a, hi * b]
+                    lo, hi = min(corners), max(corners)
+                return lo, hi
+            if any(p[0] < 0 for p in parts):    # symbolic ends: of non-negative factors only
                 return None
             return sympy.Mul(*(p[0] for p in parts)), sympy.Mul(*(p[1] for p in parts))
         if rest == 1 or coeff.is_positive is not True and coeff.is_negative is not True:

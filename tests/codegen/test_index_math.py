@@ -22,10 +22,12 @@ def test_sums_products_and_floors_of_bounded_symbols():
     assert bounds(2 * S0 * S1 + 1, KNOWN) == (13, 41)
     assert bounds(-S0 * S1, KNOWN) == (-20, -6)
     assert bounds(floordiv(S0 - 3, 2) + 1, {S0: (9, 10)}) == (4, 4)
+    assert bounds(S0 * (S1 - 4), KNOWN) == (-5, 0)        # a factor that can be negative: the corners
+    # two negative factors (the halves of padded sizes, written floor(-s/2)): a positive product
+    assert bounds(floordiv(-S0, 2) * floordiv(-S1, 2), KNOWN) == (2, 6)
 
 
 def test_what_the_ranges_do_not_bound_is_unknown():
-    assert bounds(S0 * (S1 - 4), KNOWN) is None           # a factor that can be negative
     assert bounds(S1 + 1, {S0: (2, 5)}) is None
 
 

@@ -227,3 +227,16 @@ def test_padding_to_whole_windows_by_a_size():
     for n in (13, 9, 16, 30, 5):
         _check(c, f, torch.randn(n, 3))
     assert len(c._variants) == 1
+
+
+def test_groups_of_a_padded_dim_behind_a_batch_dim():
+    # the output's rows are ceil(n/4), written -((-n)//4): the flat index's batch part divides by
+    # -3*((-n)//4), a negative divisor, which the generated code floored as if it were positive
+    # (wrong sums at every size, and writes past the output at 7)
+    def f(x):
+        y = torch.nn.functional.pad(x, (0, 0, 0, (4 - x.shape[1] % 4) % 4))
+        return y.view(y.shape[0], -1, 4, y.shape[2]).sum(2)
+    c = cuvil.compile(f, dynamic={"x": {1: "n"}}, cache=False)
+    for n in (32, 7, 13, 40, 5):
+        _check(c, f, torch.randn(2, n, 3))
+    assert len(c._variants) == 1

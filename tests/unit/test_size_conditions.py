@@ -181,3 +181,44 @@ def test_a_condition_that_holds_on_the_multiples_of_q():
     assert _multiple_where_holds(holds, 2, 16) == (2, (12, 50))
     assert _multiple_where_holds(n % 4 == 0, 2, 18) is None      # the example is no multiple of 4
     assert _multiple_where_holds(n % 3 != 1, 2, 9) == (3, (3, 50))
+
+
+def _padded_even(s):
+    """s padded to an even size, as torch writes `s + (2 - s % 2) % 2`."""
+    return s + tfn.PythonMod(2 - tfn.PythonMod(s, 2), 2)
+
+
+def test_conditions_on_products_of_one_size_each_are_decided_over_wide_ranges():
+    """A reshape of two padded dims (pixel_unshuffle after padding h and w to even sizes) makes
+    torch keep element-count, stride and divisibility conditions over 4096 x 4096 sizes, too many
+    to evaluate one by one: decided by each size's share, or at one size per distinct value of the
+    parts of one size."""
+    from cuvil.frontend.size_conditions import _failing_representative, _holds_as_a_product
+    h, w = sympy.symbols("s0 s1", integer=True, positive=True)
+    wide, steps = [(3, 4096), (3, 4096)], [1, 1]
+    ph, pw = _padded_even(h), _padded_even(w)
+    half_h, half_w = tfn.FloorDiv(ph, 2), tfn.FloorDiv(pw, 2)
+    assert _holds_as_a_product(sympy.Eq(6 * ph * pw, 24 * half_h * half_w), [h, w], wide, steps)
+    assert not _holds_as_a_product(sympy.Eq(6 * ph * pw, 24 * half_h * half_w + 1), [h, w], wide, steps)
+    assert not _holds_as_a_product(sympy.Eq(6 * h * w, 24 * half_h * half_w), [h, w], wide, steps)  # odd sizes
+    assert _holds_as_a_product(sympy.Ne(half_h * half_w, 0), [h, w], wide, steps)
+    assert _holds_as_a_product(sympy.Ge(3 * half_h * half_w, 1), [h, w], wide, steps)
+    assert not _holds_as_a_product(sympy.Ge(3 * half_h * half_w, 13), [h, w], wide, steps)   # 3*2*2 at h = w = 3
+    assert _holds_as_a_product(sympy.Ne(pw * tfn.FloorDiv(ph, half_h), half_w), [h, w], wide, steps)
+    assert not _holds_as_a_product(sympy.Ne(pw * tfn.FloorDiv(ph, half_h), 4 * half_w), [h, w], wide, steps)
+    # ph // (ph // 2) is 2 at every h, pw // (pw // 2) at every w: one size each stands for all
+    twos = 3 * tfn.FloorDiv(ph, half_h) * tfn.FloorDiv(pw, half_w)
+    assert _failing_representative(sympy.Eq(tfn.PythonMod(twos, 12), 0), [h, w], wide, steps) == {}
+    assert _failing_representative(sympy.Eq(tfn.PythonMod(twos, 24), 0), [h, w], wide, steps) == {h: 3, w: 3}
+    assert _failing_representative(sympy.Eq(tfn.PythonMod(h * w, 2), 0), [h, w], wide, steps) is None  # too many
+
+
+def test_a_reshape_of_two_padded_dynamic_dims_compiles_once():
+    def unshuffle_padded(x):
+        x = torch.nn.functional.pad(x, (0, (2 - x.shape[3] % 2) % 2, 0, (2 - x.shape[2] % 2) % 2))
+        return torch.nn.functional.pixel_unshuffle(x, 2)
+    c = cuvil.compile(unshuffle_padded, dynamic=[{2: "h", 3: "w"}], cache=False)
+    for h, w in ((16, 20), (7, 9), (13, 11), (5, 40)):
+        x = torch.randn(2, 3, h, w)
+        assert torch.equal(c(x), unshuffle_padded(x))
+    assert c.num_variants == 1
