@@ -46,7 +46,7 @@ from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
 from .frontend.export import auto_hints, input_names
-from .frontend.hf_caches import PAST, static_new_tokens, write_back
+from .frontend.hf_caches import PAST, flatten_like, static_new_tokens, write_back
 from . import imports
 from .module_state import ModelState
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
@@ -227,7 +227,7 @@ class Guard:
 
     def leaves(self, args: tuple, kwargs: dict) -> list | None:
         try:
-            return self.in_spec.flatten_up_to((args, kwargs))
+            return flatten_like(self.in_spec, (args, kwargs))
         except (ValueError, TypeError, KeyError, RuntimeError):
             return None
 
@@ -739,8 +739,10 @@ class CompiledModel:
                 note["auto"] = [(name, axis) for name, axis in note["auto"] if not variant.guard.is_static(name, axis)]
                 static = any(m.axis is None for m in reasons) or \
                     all(variant.guard.is_static(variant.guard.names[m.input], m.axis) for m in reasons)
-                action = self._describe(note) or ("compiled static again (the model specialises the dim)" if static
-                                                  else "a variant for this call's sizes")
+                action = self._describe(note) or (
+                    "a variant for this call's arguments" if all(m.kind == "structure" for m in reasons)
+                    else "compiled static again (the model specialises the dim)" if static
+                    else "a variant for this call's sizes")
                 self._recompiles.append(f"recompiled (variant {len(self._variants) + 1}): {text}"
                                         + (f" -> {action}" if action else ""))
             elif note.get("static"):
@@ -890,8 +892,8 @@ class CompiledModel:
                 return CachedVariant(cached, functools.partial(self._compile_again, args, kwargs))
         workers.prestart()      # the compile workers get LLVM ready while torch.export runs
         imported = self._import(call, example, hints, phases)
-        leaves = imported.exported.call_spec.in_spec.flatten_up_to(
-            (example, {}) if isinstance(example, tuple) else ((), example))
+        leaves = flatten_like(imported.exported.call_spec.in_spec,
+                              (example, {}) if isinstance(example, tuple) else ((), example))
         sizes = symbol_sizes(imported.function, [leaves[i] for i in imported.tensor_positions])
         self._report = CompileReport(name=self._name(), input_ir="", phases=phases)
         compilation = compile_module(imported.module, pipeline=self.options.passes(), name=self._name(),

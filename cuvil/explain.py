@@ -11,6 +11,7 @@ from .codegen import workers
 from .codegen.grouping import grouping_for
 from .codegen.target import Target
 from .compiler import compile_module, paused_gc, pipeline_for, symbol_sizes
+from .frontend.hf_caches import flatten_like
 from .frontend import ImportResult, import_model
 from .ir import Module, parse
 from .passes import Instrument
@@ -63,7 +64,7 @@ def _example_sizes(imported: ImportResult) -> dict[str, int]:
     example = imported.exported.example_inputs
     if example is None:
         return {}
-    leaves = imported.exported.call_spec.in_spec.flatten_up_to(example)
+    leaves = flatten_like(imported.exported.call_spec.in_spec, example)
     return symbol_sizes(imported.function, [leaves[i] for i in imported.tensor_positions])
 
 

@@ -20,6 +20,7 @@ from ..errors import CuvilError
 from ..ir import Function, Module
 from .aten_table import ATEN_TABLE
 from .export import DEFAULT_RANGE, CuvilExportError, capture
+from .hf_caches import flatten_like
 from .importer import import_graph
 from .symbols import SymbolInfo
 
@@ -50,7 +51,7 @@ class ImportResult:
     def flatten_inputs(self, *args, **kwargs) -> list[torch.Tensor]:
         """The IR function's arguments from a call like the model's (same structure as the example)."""
         try:
-            leaves = self.exported.call_spec.in_spec.flatten_up_to((args, kwargs))
+            leaves = flatten_like(self.exported.call_spec.in_spec, (args, kwargs))
         except (ValueError, TypeError, KeyError) as e:
             raise CuvilError(f"the call does not match the inputs the model was imported with: {e}") from None
         return [leaves[i] for i in self.tensor_positions]

@@ -1341,6 +1341,10 @@ ATEN_TABLE = {
     aten.clamp.default: clamp,
     aten.clamp.Tensor: clamp_tensor,
     aten.isnan.default: lambda L, x: binary("cuvil.ne")(L, x, x),
+    aten.isinf.default: lambda L, x: binary("cuvil.eq")(L, L.op("cuvil.abs", x), math.inf),
+    aten.isfinite.default: lambda L, x: binary("cuvil.lt")(L, L.op("cuvil.abs", x), math.inf),   # NaN: False
+    aten.isposinf.default: lambda L, x: binary("cuvil.eq")(L, x, math.inf),
+    aten.isneginf.default: lambda L, x: binary("cuvil.eq")(L, x, -math.inf),
     aten.clamp_min.default: lambda L, x, lo: clamp(L, x, lo, None),
     aten.clamp_max.default: lambda L, x, hi: clamp(L, x, None, hi),
     aten.hardtanh.default: clamp,

@@ -24,8 +24,9 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from ..errors import CuvilError, warn_user
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
-from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, register_model_caches,
-                        returns_each_cache, spans_past_and_new, static_new_tokens)
+from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, new_tokens_axis, register_model_caches,
+                        returns_each_cache, sliding_window_limit, spans_past_and_new, static_new_tokens,
+                        windows_as_full_layers)
 from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
 from ..runtime.exprs import binding
@@ -104,14 +105,20 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
     sizes.update({PAST: cache_length(c) for c in growing.values()})
+    where = new_tokens_axis(values)
+    window = sliding_window_limit(growing, values[where[0]].shape[where[1]] if where else 1) if growing else None
+    if window is not None:      # a step must not fill a sliding window (hf_caches.py)
+        lo, hi = ranges.get(PAST, DEFAULT_RANGE)
+        ranges = {**ranges, PAST: (lo, min(hi, window))}
     open_dims = set() if growing or not _alike_sizes_agree(hints, values) else \
         {d for h in hints.values() for d in h.values() if not isinstance(d, AutoDim)}
     fixes: dict[str, tuple[int, int]] = {}
     multiples: dict[str, int] = {}
     for attempt in range(MAX_FIXES + 1):
         try:
-            ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans,
-                         open_dims - set(multiples), multiples)
+            with windows_as_full_layers(growing):
+                ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans,
+                             open_dims - set(multiples), multiples)
             break
         except CuvilExportError as e:
             # a dim without a declared range asked for DEFAULT_RANGE; where the model allows less

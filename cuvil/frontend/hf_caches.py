@@ -15,11 +15,19 @@ spans the past and the new tokens (an attention mask) gets the size `past` + new
 model appends the step's keys and values to the cache it is given, in place, while a compiled
 call returns new tensors: `write_back` moves them into the caller's cache, and the output holds
 the caller's object, as in eager PyTorch (an empty cache given with the prompt is filled so).
-Other caches (a sliding window's layers count the tokens seen, a static cache writes into fixed
-buffers) are refused by name.
+A sliding window's layers (`DynamicSlidingWindowLayer`: Mistral, Gemma 2 and 3, Phi-3) compile
+the same way until the window fills: while a layer holds fewer tokens than its window, it holds
+every token it has seen and behaves as a full one. Such a layer counts the tokens seen in a Python
+int, `cumulative_length`, which torch.export would take as a constant of the program; while a
+step is captured (`windows_as_full_layers`), the count is read from the keys' length instead,
+which is `past`, and `past`'s range ends where the step would fill the smallest window
+(`sliding_window_limit`). After a call, the count is set from the keys again (`write_back`). A
+window that is full (its layer drops the oldest tokens, so that its count and its length part) is
+refused by name, as are other caches (a static cache writes into fixed buffers).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -77,21 +85,97 @@ def cache_inputs(values: dict) -> dict:
             what = f"a {type(value).__name__}" + (f" of {', '.join(layers)} layers" if layers else "")
             raise CacheInputError(
                 f"input '{name}' is {what}, which Cuvil does not compile with: only a DynamicCache whose "
-                f"layers are all DynamicLayer (full attention, holding keys and values) is supported. The model "
-                f"updates the cache it is given in place; Cuvil writes the keys and values a call returns back "
-                f"into a DynamicLayer, but other layers keep more state (a window's position, a fixed buffer). "
-                f"Pass fallback='eager' to run the calls with this cache in PyTorch")
+                f"layers are all DynamicLayer (full attention, holding keys and values) or DynamicSlidingWindowLayer "
+                f"(a window not yet full) is supported. The model updates the cache it is given in place; Cuvil "
+                f"writes the keys and values a call returns back into those layers, but others keep more state (a "
+                f"full window's position, a fixed buffer). Pass fallback='eager' to run the calls with this cache "
+                f"in PyTorch")
         found[name] = value
     return found
 
 
 def _growing_cache(value) -> bool:
-    """A DynamicCache of full-attention layers that all hold keys and values (a decoding step's),
-    or none (an empty cache the prompt fills)."""
+    """A DynamicCache of full-attention layers, or of sliding-window ones whose window is not yet
+    full, that all hold keys and values (a decoding step's), or none (an empty cache the prompt
+    fills)."""
     from transformers.cache_utils import DynamicLayer
-    if not _is_dynamic_cache(value) or any(type(layer) is not DynamicLayer for layer in value.layers):
+    if not _is_dynamic_cache(value) or \
+            any(type(layer) is not DynamicLayer and not _window_not_full(layer) for layer in value.layers):
         return False
     return len({layer.is_initialized for layer in value.layers}) <= 1
+
+
+def _is_window(layer) -> bool:
+    return type(layer).__name__ == "DynamicSlidingWindowLayer" and type(layer).__module__ == CACHE_MODULE
+
+
+def _window_not_full(layer) -> bool:
+    """A sliding-window layer that still holds every token it has counted."""
+    return _is_window(layer) and not layer.record_past and \
+        layer.cumulative_length == (layer.keys.shape[-2] if layer.is_initialized else 0) < layer.sliding_window
+
+
+def sliding_window_limit(caches: dict, new_tokens: int) -> int | None:
+    """The longest past that a call adding `new_tokens` keeps within every sliding window of the
+    caches (a window layer keeps its last `sliding_window` − 1 tokens), or None without one.
+    Raises `CacheInputError` where the example's step already fills a window."""
+    windows = [layer.sliding_window for c in caches.values() for layer in c.layers if _is_window(layer)]
+    if not windows:
+        return None
+    limit = min(windows) - 1 - new_tokens
+    past = max(cache_length(c) for c in caches.values())
+    if past > limit:
+        raise CacheInputError(
+            f"this call fills a sliding window: the cache holds {past} tokens and the call adds {new_tokens}, and the "
+            f"smallest window keeps {min(windows) - 1}. Cuvil compiles a window's steps until it is full; a full "
+            f"window drops its oldest tokens, which Cuvil does not compile yet. Pass fallback='eager' to run these "
+            f"calls in PyTorch")
+    return limit
+
+
+@contextlib.contextmanager
+def windows_as_full_layers(caches: dict):
+    """While a step with sliding-window caches is captured, each window layer acts as the full
+    layer it is until its window fills: its count of tokens seen is its keys' length (a dynamic
+    size, not the example's int; the model's `+=` to it is dropped, the keys grow instead), and it
+    keeps every token (its crop to the window's last tokens keeps them all over the range of
+    `past`, but torch.export would fix `past` deciding where the crop starts). The counts are set
+    aside from the inputs' structure (`flatten_like`)."""
+    if not any(_is_window(layer) for c in caches.values() for layer in c.layers):
+        yield
+        return
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer as Window
+    update = Window.__dict__["update"]
+    Window.cumulative_length = property(lambda layer: layer.keys.shape[-2] if layer.is_initialized else 0,
+                                        lambda layer, _: None)
+    Window.update = DynamicLayer.update
+    try:
+        with _counts_set_aside(list(caches.values())):
+            yield
+    finally:
+        del Window.cumulative_length
+        Window.update = update
+
+
+def flatten_like(spec: pytree.TreeSpec, tree) -> list:
+    """`spec.flatten_up_to(tree)`, the sliding-window layers' counts of tokens set aside as they
+    were when the program was captured (`windows_as_full_layers`): transformers' flattening keeps
+    every attribute of a layer, and a count that differs would make each step's cache a structure
+    of its own."""
+    with _counts_set_aside(tree):
+        return spec.flatten_up_to(tree)
+
+
+@contextlib.contextmanager
+def _counts_set_aside(tree):
+    windows = [layer for c in pytree.tree_leaves(tree, is_leaf=_is_dynamic_cache) if _is_dynamic_cache(c)
+               for layer in c.layers if _is_window(layer) and "cumulative_length" in layer.__dict__]
+    counts = [layer.__dict__.pop("cumulative_length") for layer in windows]
+    try:
+        yield
+    finally:
+        for layer, count in zip(windows, counts):
+            layer.__dict__["cumulative_length"] = count
 
 
 def cache_length(cache) -> int:
@@ -154,6 +238,8 @@ def write_back(args: tuple, kwargs: dict, out):
             mine.layers.extend(new.layers)
         for layer, state in zip(mine.layers, new.layers, strict=True):
             layer.__dict__.update(state.__dict__)
+            if _is_window(layer):    # counted by length while captured: the program's count is the example's
+                layer.cumulative_length = layer.keys.shape[-2]
     swap = dict(zip(map(id, returned), given))
     return pytree.tree_map(lambda x: swap.get(id(x), x), out, is_leaf=_is_dynamic_cache)
 

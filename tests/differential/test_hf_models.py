@@ -294,10 +294,42 @@ def test_an_empty_cache_passed_with_the_prompt_is_filled_in_place(with_config):
     assert mine.get_seq_length() == 15 and compiled.num_variants == 2
 
 
+def test_sliding_window_steps_compile_once_until_the_window_fills():
+    """Mistral's (and Gemma's) caches hold DynamicSlidingWindowLayers, which count the tokens seen
+    in a Python int: each step was refused. Until a window fills such a layer is a full one: the
+    steps run one program (the count set aside from the cache's structure, read from the keys'
+    length), and the caller's layers count as eager's. The step that would fill a window is
+    refused by name, or with fallback="eager" runs in PyTorch."""
+    model = randomize(transformers.MistralForCausalLM(transformers.MistralConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=100, sliding_window=12)))
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.randint(1, 100, (1, 5), generator=gen)
+    compiled, lenient = cuvil.compile(model, cache=False), cuvil.compile(model, cache=False, fallback="eager")
+    with torch.no_grad():
+        mine, own = compiled(ids).past_key_values, model(ids).past_key_values
+        assert type(mine.layers[0]).__name__ == "DynamicSlidingWindowLayer"
+        for _ in range(6):                                      # past 5 .. 10: the window keeps 11
+            tokens = torch.randint(1, 100, (1, 1), generator=gen)
+            got, want = compiled(tokens, past_key_values=mine), model(tokens, past_key_values=own)
+            assert got.past_key_values is mine
+            assert [a.cumulative_length for a in mine.layers] == [b.cumulative_length for b in own.layers]
+            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
+        assert compiled.num_variants == 2                       # the prompt's and every step's
+        tokens = torch.randint(1, 100, (1, 1), generator=gen)
+        with pytest.raises(cuvil.CuvilError, match=r"this call fills a sliding window: the cache holds 11 tokens"):
+            compiled(tokens, past_key_values=mine)
+        with pytest.warns(UserWarning, match="runs in eager PyTorch: CacheInputError"):
+            got = lenient(tokens, past_key_values=mine)
+        want = model(tokens, past_key_values=own)
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
+    assert mine.get_seq_length() == own.get_seq_length() == 12
+
+
 def test_a_cache_cuvil_cannot_update_is_refused_or_run_in_eager():
-    """A StaticCache writes into fixed buffers (and a sliding window's layers count the tokens
-    seen): Cuvil cannot write a compiled call's result back into them, so such a call is refused
-    by name, or with fallback="eager" run in PyTorch, which updates the cache."""
+    """A StaticCache writes into fixed buffers: Cuvil cannot write a compiled call's result back
+    into them, so such a call is refused by name, or with fallback="eager" run in PyTorch, which
+    updates the cache."""
     model = randomize(DECODERS["llama"]())
     ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(3))
     nxt = torch.randint(1, 100, (1, 1), generator=torch.Generator().manual_seed(4))

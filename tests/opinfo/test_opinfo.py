@@ -76,6 +76,10 @@ OPINFOS: dict[str, list[str]] = {
     "aten.hardswish.default": ["nn.functional.hardswish"],
     "aten.clamp.Tensor": ["clamp"],
     "aten.isnan.default": ["isnan"],
+    "aten.isinf.default": ["isinf"],
+    "aten.isfinite.default": ["isfinite"],
+    "aten.isposinf.default": ["isposinf"],
+    "aten.isneginf.default": ["isneginf"],
     "aten.clamp_min.default": ["nn.functional.margin_ranking_loss"],
     "aten.hardtanh.default": ["nn.functional.hardtanh"],
     "aten.leaky_relu.default": ["nn.functional.leaky_relu"],
@@ -276,7 +280,7 @@ TESTED_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "cumsum": FI, "cumprod": FI, "cummax": FIB, "cummin": FI, "cat": FIIB, "permute": FIB, "expand": FIB, "view": FI, "narrow": FIB, "select": FIB,
     "split": FI, "index_select": FIB, "gather": FI, "__getitem__": FIB, "triu": FIB, "tril": FI,
     "nn.functional.pad[constant]": FIB, "constant_pad_nd": FIB, "nn.functional.pad[replicate]": FI,
-    "any": FIB, "all": FIB, "min[reduction_with_dim]": FIB, "isnan": (f32,), "roll": FIB, "repeat": FIB, "tile": FI,
+    "any": FIB, "all": FIB, "min[reduction_with_dim]": FIB, "isnan": (f32,), "isinf": FI, "isfinite": FI, "isposinf": FI, "isneginf": FI, "roll": FIB, "repeat": FIB, "tile": FI,
     "full": FIB, "zeros": FI, "ones": FIB, "arange": FI, "clone": FIB,
 }
 
