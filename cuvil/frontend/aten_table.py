@@ -673,13 +673,30 @@ def roll(L: Lowering, x, shifts, dims=()):
         d = L.axis(dim, rank)
         size = y.type.shape[d]
         if not isinstance(size, int):
-            L.unsupported(f"roll along a dim of symbolic size {size}")
+            y = _roll_by_pieces(L, y, shift, d, size)
+            continue
         k = shift % size if size else 0
         if k:
             low = [k if i == d else 0 for i in range(rank)]
             y = L.op("cuvil.pad", y, low=low, high=[0] * rank, mode="circular", value=0.0)
             y = L.op("cuvil.slice", y, dim=d, start=[0], end=[size], step=1)
     return y
+
+
+def _roll_by_pieces(L: Lowering, x, shift: int, d: int, size):
+    """x rolled by a constant along dim d of symbolic size: its last `shift` rows, then the rest
+    (Swin's shifted windows over a dynamic image). Every size the range allows must be at least
+    the shift, which then needs no modulo (a shift of the whole size is none)."""
+    span = L.symbols.span(size)
+    if span is None or span[0] < abs(shift):
+        L.unsupported(f"roll by {shift} along a dim of symbolic size {size}, whose range allows sizes below "
+                      f"{abs(shift)} (where the shift wraps around more than once)")
+    if shift == 0:
+        return x
+    cut = norm_dim(sympy.sympify(size) - shift) if shift > 0 else -shift
+    tail = L.op("cuvil.slice", x, dim=d, start=[cut], end=[size], step=1)
+    head = L.op("cuvil.slice", x, dim=d, start=[0], end=[cut], step=1)
+    return L.op("cuvil.cat", tail, head, dim=d)
 
 
 def _ones(L: Lowering, shape, like):

@@ -185,7 +185,43 @@ def _symbolic_dims_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
         value = diff.xreplace({s: sympy.Integer(base + i) for i, s in enumerate(symbols)})
         if value.is_Number and value != 0:
             return False
-    return sympy.simplify(diff) == 0
+    by_periods = _zero_over_periods(diff, symbols)
+    return by_periods if by_periods is not None else sympy.simplify(diff) == 0
+
+
+MOST_PERIOD_POINTS = 1 << 16
+
+
+def _zero_over_periods(diff, symbols: list) -> bool | None:
+    """Whether `diff`, a polynomial in the symbols and in floors (and remainders) of linear
+    expressions by constants, is 0 at every size; None where it is not of that form or too costly.
+    With L the product of the divisors, on each residue class of the symbols mod L every floor is
+    linear, so there `diff` is a polynomial of degree at most D (its degree with the floors taken
+    as symbols) in each symbol's multiple of L: zero at D + 1 of them in each, it is 0. (sympy's
+    simplify cannot tell `1 + (s - 1)//2` from `(s + 1)//2`.)"""
+    period = 1
+    for atom in diff.atoms(sympy.floor, sympy.ceiling, sympy.Mod):
+        num, den = (atom.args if isinstance(atom, sympy.Mod) else sympy.fraction(sympy.together(atom.args[0])))
+        if not (den.is_Integer and den > 0) or _degree_over_atoms(num) not in (0, 1):
+            return None
+        period *= int(den)
+    degree = _degree_over_atoms(diff)
+    if degree is None or ((degree + 1) * period) ** len(symbols) > MOST_PERIOD_POINTS:
+        return None
+    span = torch.arange(1, 1 + (degree + 1) * period, dtype=torch.float64)
+    grids = torch.meshgrid(*[span] * len(symbols), indexing="ij")
+    values = sympy.lambdify(symbols, diff, "numpy")(*[g.numpy() for g in grids])
+    return bool((torch.as_tensor(values) == 0).all())
+
+
+def _degree_over_atoms(e) -> int | None:
+    """e's total degree with its floors and remainders taken as symbols; None where it is no
+    polynomial so."""
+    stand_ins = {a: sympy.Dummy() for a in e.atoms(sympy.floor, sympy.ceiling, sympy.Mod)}
+    plain = sympy.expand(e.xreplace(stand_ins))
+    if not plain.free_symbols:
+        return 0
+    return sympy.Poly(plain, *plain.free_symbols).total_degree() if plain.is_polynomial() else None
 
 
 Bounds = dict      # expression (a symbol, a loop variable) -> its inclusive (lo, hi)

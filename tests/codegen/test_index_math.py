@@ -112,3 +112,17 @@ def test_an_add_through_a_reshape_across_dims_matches_torch_and_loads_vectors():
     bodies = re.findall(r"^vector\.body[\w.]*:.*?(?=^\S|\Z)", ir, re.M | re.S)   # with no division in it
     assert bodies and all(re.search(r"\b[su](div|rem) ", b) is None for b in bodies)
     assert any("<16 x float>" in b or "<8 x float>" in b for b in bodies)
+
+
+def test_dims_equal_decides_floors_of_sizes_by_their_periods():
+    """torch writes a pooled size (1 + s)//2 where Cuvil infers 1 + (s - 1)//2: equal at every s,
+    which sympy's simplify cannot tell (the import stopped with an internal error). On each
+    residue class mod the divisors' product the floors are linear: a difference zero at enough
+    points of each class is zero."""
+    from cuvil.ir.types import dims_equal
+    assert dims_equal(1 + floordiv(S0 - 1, 2), floordiv(S0 + 1, 2))
+    assert not dims_equal(1 + floordiv(S0 - 1, 2), floordiv(S0 + 2, 2))          # differs at odd s
+    assert dims_equal(floordiv(floordiv(S0, 2) + 1, 3) + S1, floordiv(S0 + 2, 6) + S1)    # nested
+    assert dims_equal((floordiv(S0 - 1, 2) + 1) * S1, floordiv(S0 + 1, 2) * S1)  # a product: degree 2
+    assert not dims_equal((floordiv(S0 - 1, 2) + 1) * S1, floordiv(S0 + 1, 2) * S1 + 1)
+    assert dims_equal(sympy.Mod(S0, 4) + 4 * floordiv(S0, 4), S0)

@@ -240,3 +240,27 @@ def test_groups_of_a_padded_dim_behind_a_batch_dim():
     for n in (32, 7, 13, 40, 5):
         _check(c, f, torch.randn(2, n, 3))
     assert len(c._variants) == 1
+
+
+def test_a_pool_after_a_strided_slice_of_dynamic_sizes():
+    # torch states the pooled height (1 + h)//2, Cuvil inferred 1 + (h - 1)//2: the same size,
+    # which the import once could not tell and stopped with an internal error
+    def f(x):
+        return torch.nn.functional.avg_pool2d(x[:, :, ::2, 1:], 3, 1, padding=1)
+    c = cuvil.compile(f, dynamic={"x": {2: "h", 3: "w"}}, cache=False)
+    for h, w in ((5, 7), (4, 4), (9, 3), (12, 13)):
+        _check(c, f, torch.randn(2, 3, h, w))
+    assert len(c._variants) == 1
+
+
+def test_roll_along_dynamic_dims():
+    # Swin's shifted windows roll the padded feature map by half a window both ways
+    def f(x):
+        return torch.roll(x, (-2, 3), (1, 2)) * 2
+    c = cuvil.compile(f, dynamic={"x": {1: "h", 2: "w"}}, ranges={"h": (3, 64), "w": (3, 64)}, cache=False)
+    for h, w in ((3, 3), (8, 5), (13, 40)):
+        _check(c, f, torch.randn(2, h, w, 4))
+    assert len(c._variants) == 1
+    small = cuvil.compile(f, dynamic={"x": {1: "h", 2: "w"}}, ranges={"h": (1, 64), "w": (1, 64)}, cache=False)
+    with pytest.raises(cuvil.CuvilUnsupportedOpError, match=r"roll by -2 along a dim of symbolic size .* sizes below 2"):
+        small(torch.randn(2, 8, 5, 4))
