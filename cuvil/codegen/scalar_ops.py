@@ -161,7 +161,7 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
 for _name, _fn in (("logical_and", "and"), ("logical_or", "or")):
     emitter(_name, operands="bool")((lambda fn: lambda attrs, a, b: call(fn, a, b))(_fn))
 
-for _name, _fn in (("bitwise_and", "and"), ("bitwise_or", "or")):
+for _name, _fn in (("bitwise_and", "and"), ("bitwise_or", "or"), ("bitwise_xor", "xor")):
     emitter(_name)((lambda fn: lambda attrs, a, b: call(fn, a, b))(_fn))
 
 

@@ -90,6 +90,9 @@ UNMAPPED: dict[str, str] = {
     "aten._native_batch_norm_legit_no_training.default": _DECOMPOSED.format("aten.batch_norm.default"),
     "aten.dropout.default": "OpInfo's dropout samples run in training mode (random), which Cuvil sends through "
                             "decompositions and refuses; " + _ZOO.format("nn.Dropout in BERT, GPT2 and ViT"),
+    **{f"aten.bitwise_{op}.Scalar": f"OpInfo's bitwise_{op} samples take two tensors; `x {sym} 5` exports to it, "
+                                    f"which tests/unit/test_frontend_ops.py compares with eager"
+       for op, sym in (("and", "&"), ("or", "|"), ("xor", "^"))},
     "aten.__and__.Tensor": "OpInfo's `&` samples (__rand__) export as aten.bitwise_and.Tensor; "
                            + _ZOO.format("the `&` of BERT's and GPT2's attention masks"),
     "aten.to.device": _ZOO.format("BERT's attention-mask `.to(device)`"),

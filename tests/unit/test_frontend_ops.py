@@ -67,7 +67,13 @@ def casts(x: "f32[B,S]"):
     return x.to(torch.int32).float() * 3, (x > 0).long().sum(1), (x > 0).cumsum(-1)
 
 
-@pytest.mark.parametrize("fn", [promotion, where_and_masks, unary, casts])
+def bitwise_and_float_classes(x: "i64[B,S]", y: "f32[B,S]"):
+    y = y.masked_fill(y > 1.5, float("inf")).masked_fill(y < -1.5, float("-inf")).masked_fill(y.abs() < 0.1, float("nan"))
+    return ((x & 5) | (x ^ 3), x ^ (x + 1), (x > 0) ^ (x > 1), (x > 0) & True,
+            y.isinf(), y.isfinite(), y.isposinf(), y.isneginf(), x.isinf(), x.isfinite())
+
+
+@pytest.mark.parametrize("fn", [promotion, where_and_masks, unary, casts, bitwise_and_float_classes])
 def test_elementwise(fn):
     check(fn)
 

@@ -128,6 +128,7 @@ BINARY = {
     "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less,
     "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "logical_and": np.logical_and,
     "logical_or": np.logical_or, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
     "floor_div": np.floor_divide, "remainder": np.remainder, "fmod": np.fmod, "atan2": np.arctan2,
 }
 PREDICATES = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}

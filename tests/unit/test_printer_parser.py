@@ -46,11 +46,11 @@ def _binary_ops() -> str:
     for name in ["logical_and", "logical_or"]:
         lines.append(f"  %{k} = cuvil.{name} %p, %q : ({b}, {b}) -> {b}")
         k += 1
-    for name in ["bitwise_and", "bitwise_or"]:
+    for name in ["bitwise_and", "bitwise_or", "bitwise_xor"]:
         lines.append(f"  %{k} = cuvil.{name} %m, %n : ({i}, {i}) -> {i}")
         k += 1
     lines.append(f"  %{k} = cuvil.where %p, %a, %b : ({b}, {f}, {row}) -> {f}")
-    lines.append(f"  cuvil.return %{k}, %{k - 3}, %{k - 1} : {f}, {b}, {i}")
+    lines.append(f"  cuvil.return %{k}, %{k - 4}, %{k - 1} : {f}, {b}, {i}")
     return "\n".join(lines) + "\n}\n"
 
 

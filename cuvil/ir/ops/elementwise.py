@@ -245,6 +245,7 @@ LogicalAndOp = binary("logical_and", torch.logical_and, _predicate, commutative=
 LogicalOrOp = binary("logical_or", torch.logical_or, _predicate, commutative=True)
 BitwiseAndOp = binary("bitwise_and", torch.bitwise_and, _bitwise, commutative=True)
 BitwiseOrOp = binary("bitwise_or", torch.bitwise_or, _bitwise, commutative=True)
+BitwiseXorOp = binary("bitwise_xor", torch.bitwise_xor, _bitwise, commutative=True)
 FloorDivOp = binary("floor_div", lambda a, b: torch.div(a, b, rounding_mode="floor"), _arith)
 RemainderOp = binary("remainder", torch.remainder, _arith)
 FmodOp = binary("fmod", torch.fmod, _arith)
