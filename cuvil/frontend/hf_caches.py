@@ -146,9 +146,22 @@ def windows_as_full_layers(caches: dict):
         return
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer as Window
     update = Window.__dict__["update"]
-    Window.cumulative_length = property(lambda layer: layer.keys.shape[-2] if layer.is_initialized else 0,
-                                        lambda layer, _: None)
-    Window.update = DynamicLayer.update
+
+    # only the captured step's layers act so (their count is the mark, rebuilt from the structure):
+    # another thread's eager layers keep their own count, and crop
+    def count(layer):
+        value = layer.__dict__.get("cumulative_length", 0)
+        return (layer.keys.shape[-2] if layer.is_initialized else 0) if _marked(value) else value
+
+    def set_count(layer, value):
+        if not _marked(layer.__dict__.get("cumulative_length")):
+            layer.__dict__["cumulative_length"] = value
+
+    def update_as_full(layer, *args, **kwargs):
+        full = _marked(layer.__dict__.get("cumulative_length"))
+        return (DynamicLayer.update if full else update)(layer, *args, **kwargs)
+    Window.cumulative_length = property(count, set_count)
+    Window.update = update_as_full
     try:
         with _counts_set_aside(list(caches.values())):
             yield
@@ -166,16 +179,26 @@ def flatten_like(spec: pytree.TreeSpec, tree) -> list:
         return spec.flatten_up_to(tree)
 
 
+# a window layer's count while it is set aside: the same in every step's structure
+COUNTED_BY_LENGTH = "cuvil: the keys' length"
+
+
+def _marked(count) -> bool:
+    return isinstance(count, str) and count == COUNTED_BY_LENGTH
+
+
 @contextlib.contextmanager
 def _counts_set_aside(tree):
     windows = [layer for c in pytree.tree_leaves(tree, is_leaf=_is_dynamic_cache) if _is_dynamic_cache(c)
-               for layer in c.layers if _is_window(layer) and "cumulative_length" in layer.__dict__]
-    counts = [layer.__dict__.pop("cumulative_length") for layer in windows]
+               for layer in c.layers if _is_window(layer)]
+    counts = [layer.__dict__.get("cumulative_length") for layer in windows]
+    for layer in windows:
+        layer.__dict__["cumulative_length"] = COUNTED_BY_LENGTH
     try:
         yield
     finally:
-        for layer, count in zip(windows, counts):
-            layer.__dict__["cumulative_length"] = count
+        for layer, value in zip(windows, counts):
+            layer.__dict__["cumulative_length"] = value
 
 
 def cache_length(cache) -> int:

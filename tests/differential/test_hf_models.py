@@ -326,6 +326,26 @@ def test_sliding_window_steps_compile_once_until_the_window_fills():
     assert mine.get_seq_length() == own.get_seq_length() == 12
 
 
+def test_while_a_step_is_captured_other_sliding_window_layers_keep_their_count():
+    """The capture patches the window layer's class: only the captured step's layers (marked)
+    count by their keys' length and keep every token; another cache's, run in eager meanwhile (by
+    another thread), counts and crops as it does."""
+    from cuvil.frontend.hf_caches import windows_as_full_layers
+    model = randomize(transformers.MistralForCausalLM(transformers.MistralConfig(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=100, sliding_window=4)))
+    ids, nxt = torch.randint(1, 100, (1, 3)), torch.randint(1, 100, (1, 1))
+    with torch.no_grad():
+        captured, other, plain = (model(ids).past_key_values for _ in range(3))
+        with windows_as_full_layers({"past_key_values": captured}):
+            got = model(nxt, past_key_values=other).logits
+        want = model(nxt, past_key_values=plain).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert other.layers[0].cumulative_length == plain.layers[0].cumulative_length == 4
+    assert other.layers[0].keys.shape[-2] == plain.layers[0].keys.shape[-2] == 3      # cropped to the window
+    assert captured.layers[0].cumulative_length == 3                                    # given back
+
+
 def test_a_cache_cuvil_cannot_update_is_refused_or_run_in_eager():
     """A StaticCache writes into fixed buffers: Cuvil cannot write a compiled call's result back
     into them, so such a call is refused by name, or with fallback="eager" run in PyTorch, which
