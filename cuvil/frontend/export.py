@@ -24,9 +24,9 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from ..errors import CuvilError, warn_user
 from .annotations import check_example, examples_from_annotations, function_annotations, signature
 from .aten_table import ATEN_TABLE, decomposition_table
-from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, new_tokens_axis, register_model_caches,
-                        returns_each_cache, sliding_window_limit, spans_past_and_new, static_new_tokens,
-                        windows_as_full_layers)
+from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, register_model_caches,
+                        returns_each_cache, sliding_window_range, spans_past_and_new, static_new_tokens,
+                        windows_as_captured)
 from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
 from ..runtime.exprs import binding
@@ -105,18 +105,17 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
     sizes.update({PAST: cache_length(c) for c in growing.values()})
-    where = new_tokens_axis(values)
-    window = sliding_window_limit(growing, values[where[0]].shape[where[1]] if where else 1) if growing else None
-    if window is not None:      # a step must not fill a sliding window (hf_caches.py)
-        lo, hi = ranges.get(PAST, DEFAULT_RANGE)
-        ranges = {**ranges, PAST: (lo, min(hi, window))}
+    window = sliding_window_range(growing) if growing else None
+    if window is not None:      # each sliding window stays growing, or full (hf_caches.py)
+        lo, hi = ranges.get(PAST, (DEFAULT_RANGE[0], max(DEFAULT_RANGE[1], 2 * sizes[PAST])))
+        ranges = {**ranges, PAST: (max(lo, window[0]), hi if window[1] is None else min(hi, window[1]))}
     open_dims = set() if growing or not _alike_sizes_agree(hints, values) else \
         {d for h in hints.values() for d in h.values() if not isinstance(d, AutoDim)}
     fixes: dict[str, tuple[int, int]] = {}
     multiples: dict[str, int] = {}
     for attempt in range(MAX_FIXES + 1):
         try:
-            with windows_as_full_layers(growing):
+            with windows_as_captured(growing):
                 ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans,
                              open_dims - set(multiples), multiples)
             break
@@ -283,11 +282,12 @@ def _base_dims(ep: torch.export.ExportedProgram, hints: Hints, multiples: dict[s
 
 
 def _cache_hints(ep: torch.export.ExportedProgram, caches: Container[str]) -> Hints:
-    """Hints for the keys and values of the cache inputs (placeholders named after the input):
-    their length is `PAST` (which a recompile then widens by that name)."""
-    return {n.name: {2: PAST} for n in ep.graph.nodes if n.op == "placeholder"
-            and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 4
-            and any(n.name.startswith(f"{c}_") for c in caches)}
+    """Hints for the dynamic axes of the cache inputs (placeholders named after the input): the
+    keys' and values' length, or a full window's count (hf_caches.py), is `PAST` (which a recompile
+    then widens by that name)."""
+    return {n.name: axes for n in ep.graph.nodes if n.op == "placeholder"
+            and isinstance(n.meta.get("val"), torch.Tensor) and any(n.name.startswith(f"{c}_") for c in caches)
+            if (axes := {ax: PAST for ax, size in enumerate(n.meta["val"].shape) if isinstance(size, torch.SymInt)})}
 
 
 def needs_decomposition(ep: torch.export.ExportedProgram) -> bool:

@@ -15,15 +15,20 @@ spans the past and the new tokens (an attention mask) gets the size `past` + new
 model appends the step's keys and values to the cache it is given, in place, while a compiled
 call returns new tensors: `write_back` moves them into the caller's cache, and the output holds
 the caller's object, as in eager PyTorch (an empty cache given with the prompt is filled so).
-A sliding window's layers (`DynamicSlidingWindowLayer`: Mistral, Gemma 2 and 3, Phi-3) compile
-the same way until the window fills: while a layer holds fewer tokens than its window, it holds
-every token it has seen and behaves as a full one. Such a layer counts the tokens seen in a Python
-int, `cumulative_length`, which torch.export would take as a constant of the program; while a
-step is captured (`windows_as_full_layers`), the count is read from the keys' length instead,
-which is `past`, and `past`'s range ends where the step would fill the smallest window
-(`sliding_window_limit`). After a call, the count is set from the keys again (`write_back`). A
-window that is full (its layer drops the oldest tokens, so that its count and its length part) is
-refused by name, as are other caches (a static cache writes into fixed buffers).
+A sliding window's layers (`DynamicSlidingWindowLayer`: Mistral, Gemma 2 and 3, Phi-3) count
+the tokens seen in a Python int, `cumulative_length`, which torch.export would take as a constant of
+the program. A layer is in one of two states, and each state's steps share a program:
+- growing: it holds every token it has seen, and behaves as a full layer. While a step is captured
+  (`windows_as_captured`) its count is read from the keys' length, which is `past`, and `past`'s
+  range ends where the step would fill the smallest window (`sliding_window_range`);
+- full: it holds its last `sliding_window` − 1 tokens, a static length, and counts more. Its count,
+  `past`, is the length of a tensor of no elements put in the int's place while the step is captured
+  and at each call (`_counts_set_aside`), and the count after the step the length of another that
+  the program returns; `past`'s range starts at the window's size less one.
+The counts are set aside from the inputs' structure (`flatten_like`) so that each step's cache has
+the same one, and after a call they are set from the keys or the returned length (`write_back`). A
+step that fills a window in the middle of it (more new tokens than it has room left) is refused by
+name, as are other caches (a static cache writes into fixed buffers).
 """
 from __future__ import annotations
 
@@ -86,21 +91,21 @@ def cache_inputs(values: dict) -> dict:
             raise CacheInputError(
                 f"input '{name}' is {what}, which Cuvil does not compile with: only a DynamicCache whose "
                 f"layers are all DynamicLayer (full attention, holding keys and values) or DynamicSlidingWindowLayer "
-                f"(a window not yet full) is supported. The model updates the cache it is given in place; Cuvil "
+                f"(not recording its past) is supported. The model updates the cache it is given in place; Cuvil "
                 f"writes the keys and values a call returns back into those layers, but others keep more state (a "
-                f"full window's position, a fixed buffer). Pass fallback='eager' to run the calls with this cache "
+                f"fixed buffer, or the past states a window records for a later crop). Pass fallback='eager' to run the calls with this cache "
                 f"in PyTorch")
         found[name] = value
     return found
 
 
 def _growing_cache(value) -> bool:
-    """A DynamicCache of full-attention layers, or of sliding-window ones whose window is not yet
-    full, that all hold keys and values (a decoding step's), or none (an empty cache the prompt
-    fills)."""
+    """A DynamicCache of full-attention layers, or of sliding-window ones that are growing or full,
+    that all hold keys and values (a decoding step's), or none (an empty cache the prompt fills)."""
     from transformers.cache_utils import DynamicLayer
     if not _is_dynamic_cache(value) or \
-            any(type(layer) is not DynamicLayer and not _window_not_full(layer) for layer in value.layers):
+            any(type(layer) is not DynamicLayer and not _window_growing(layer) and not _window_full(layer)
+                for layer in value.layers):
         return False
     return len({layer.is_initialized for layer in value.layers}) <= 1
 
@@ -109,77 +114,88 @@ def _is_window(layer) -> bool:
     return type(layer).__name__ == "DynamicSlidingWindowLayer" and type(layer).__module__ == CACHE_MODULE
 
 
-def _window_not_full(layer) -> bool:
-    """A sliding-window layer that still holds every token it has counted."""
+def _window_growing(layer) -> bool:
+    """A sliding-window layer that still holds every token it has counted (at most its window less one)."""
     return _is_window(layer) and not layer.record_past and \
-        layer.cumulative_length == (layer.keys.shape[-2] if layer.is_initialized else 0) < layer.sliding_window
+        layer.cumulative_length == (layer.keys.shape[-2] if layer.is_initialized else 0)
 
 
-def sliding_window_limit(caches: dict, new_tokens: int) -> int | None:
-    """The longest past that a call adding `new_tokens` keeps within every sliding window of the
-    caches (a window layer keeps its last `sliding_window` − 1 tokens), or None without one.
-    Raises `CacheInputError` where the example's step already fills a window."""
-    windows = [layer.sliding_window for c in caches.values() for layer in c.layers if _is_window(layer)]
-    if not windows:
+def _window_full(layer) -> bool:
+    """A sliding-window layer that holds its last `sliding_window` − 1 tokens, of more."""
+    return _is_window(layer) and not layer.record_past and layer.is_initialized and \
+        layer.keys.shape[-2] == layer.sliding_window - 1 < layer.cumulative_length
+
+
+def sliding_window_range(caches: dict) -> tuple[int, int | None] | None:
+    """The range of `past` over which each sliding-window layer of the caches stays in its state,
+    as (lowest, highest or None), or None without a window layer: a growing layer holds every token
+    up to its `sliding_window` − 1, and a full one has seen more."""
+    layers = [layer for c in caches.values() for layer in c.layers if _is_window(layer)]
+    if not layers:
         return None
-    limit = min(windows) - 1 - new_tokens
-    past = max(cache_length(c) for c in caches.values())
-    if past > limit:
-        raise CacheInputError(
-            f"this call fills a sliding window: the cache holds {past} tokens and the call adds {new_tokens}, and the "
-            f"smallest window keeps {min(windows) - 1}. Cuvil compiles a window's steps until it is full; a full "
-            f"window drops its oldest tokens, which Cuvil does not compile yet. Pass fallback='eager' to run these "
-            f"calls in PyTorch")
-    return limit
+    return (max((layer.sliding_window for layer in layers if _window_full(layer)), default=0),
+            min((layer.sliding_window - 1 for layer in layers if not _window_full(layer)), default=None))
 
 
 @contextlib.contextmanager
-def windows_as_full_layers(caches: dict):
-    """While a step with sliding-window caches is captured, each window layer acts as the full
-    layer it is until its window fills: its count of tokens seen is its keys' length (a dynamic
-    size, not the example's int; the model's `+=` to it is dropped, the keys grow instead), and it
-    keeps every token (its crop to the window's last tokens keeps them all over the range of
-    `past`, but torch.export would fix `past` deciding where the crop starts). The counts are set
-    aside from the inputs' structure (`flatten_like`)."""
+def windows_as_captured(caches: dict):
+    """While a step with sliding-window caches is captured, each window layer counts the tokens it
+    has seen in a size: a growing layer acts as the full-attention layer it is until its window
+    fills (its count is its keys' length; the model's `+=` to it is dropped, the keys grow
+    instead, and it keeps every token: its crop to the window's last tokens keeps them all over
+    the range of `past`, but torch.export would fix `past` deciding where the crop starts); a full
+    layer's count is the length of the tensor in its place, its `+=` makes another, and its mask
+    sizes are those of a full window (its `>=` test would fix `past`). The counts are set aside
+    from the inputs' structure (`_counts_set_aside`)."""
     if not any(_is_window(layer) for c in caches.values() for layer in c.layers):
         yield
         return
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer as Window
-    update = Window.__dict__["update"]
+    update, mask_sizes = Window.__dict__["update"], Window.__dict__["get_mask_sizes"]
 
     # only the captured step's layers act so (their count is the mark, rebuilt from the structure):
     # another thread's eager layers keep their own count, and crop
     def count(layer):
         value = layer.__dict__.get("cumulative_length", 0)
-        return (layer.keys.shape[-2] if layer.is_initialized else 0) if _marked(value) else value
+        if _marked(value):
+            return layer.keys.shape[-2] if layer.is_initialized else 0
+        return value.shape[0] if isinstance(value, torch.Tensor) else value
 
     def set_count(layer, value):
-        if not _marked(layer.__dict__.get("cumulative_length")):
+        held = layer.__dict__.get("cumulative_length")
+        if isinstance(held, torch.Tensor):      # a full window's: the new count, the length of an output
+            layer.__dict__["cumulative_length"] = held.new_zeros((value, 0))
+        elif not _marked(held):
             layer.__dict__["cumulative_length"] = value
 
-    def update_as_full(layer, *args, **kwargs):
-        full = _marked(layer.__dict__.get("cumulative_length"))
-        return (DynamicLayer.update if full else update)(layer, *args, **kwargs)
+    def update_as_captured(layer, *args, **kwargs):
+        growing = _marked(layer.__dict__.get("cumulative_length"))
+        return (DynamicLayer.update if growing else update)(layer, *args, **kwargs)
+
+    def mask_sizes_as_captured(layer, query_length):
+        if isinstance(layer.__dict__.get("cumulative_length"), torch.Tensor):     # full over the range of past
+            return layer.sliding_window - 1 + query_length, layer.cumulative_length - layer.sliding_window + 1
+        return mask_sizes(layer, query_length)
     Window.cumulative_length = property(count, set_count)
-    Window.update = update_as_full
+    Window.update, Window.get_mask_sizes = update_as_captured, mask_sizes_as_captured
     try:
         with _counts_set_aside(list(caches.values())):
             yield
     finally:
         del Window.cumulative_length
-        Window.update = update
+        Window.update, Window.get_mask_sizes = update, mask_sizes
 
 
 def flatten_like(spec: pytree.TreeSpec, tree) -> list:
     """`spec.flatten_up_to(tree)`, the sliding-window layers' counts of tokens set aside as they
-    were when the program was captured (`windows_as_full_layers`): transformers' flattening keeps
+    were when the program was captured (`windows_as_captured`): transformers' flattening keeps
     every attribute of a layer, and a count that differs would make each step's cache a structure
     of its own."""
     with _counts_set_aside(tree):
         return spec.flatten_up_to(tree)
 
 
-# a window layer's count while it is set aside: the same in every step's structure
+# a growing window layer's count while it is set aside: the same in every step's structure
 COUNTED_BY_LENGTH = "cuvil: the keys' length"
 
 
@@ -189,11 +205,13 @@ def _marked(count) -> bool:
 
 @contextlib.contextmanager
 def _counts_set_aside(tree):
+    """A growing window layer's count replaced by the mark, a full one's by a tensor of no
+    elements as long as the count (an input whose size is `past`)."""
     windows = [layer for c in pytree.tree_leaves(tree, is_leaf=_is_dynamic_cache) if _is_dynamic_cache(c)
                for layer in c.layers if _is_window(layer)]
     counts = [layer.__dict__.get("cumulative_length") for layer in windows]
-    for layer in windows:
-        layer.__dict__["cumulative_length"] = COUNTED_BY_LENGTH
+    for layer, count in zip(windows, counts):
+        layer.__dict__["cumulative_length"] = torch.empty((count, 0)) if _window_full(layer) else COUNTED_BY_LENGTH
     try:
         yield
     finally:
@@ -202,8 +220,11 @@ def _counts_set_aside(tree):
 
 
 def cache_length(cache) -> int:
-    """The tokens a supported cache holds (0: an empty one)."""
-    return cache.layers[0].keys.shape[-2] if cache.layers and cache.layers[0].is_initialized else 0
+    """The tokens a supported cache has seen (0: an empty one): its length, `past`."""
+    if not cache.layers or not cache.layers[0].is_initialized:
+        return 0
+    first = cache.layers[0]
+    return first.cumulative_length if _is_window(first) else first.keys.shape[-2]
 
 
 def new_tokens_axis(values: dict) -> tuple[str, int] | None:
@@ -242,9 +263,14 @@ def static_new_tokens(values: dict, hints: dict) -> dict:
 
 
 def cache_dynamic_shapes(cache, past) -> list:
-    """torch.export's dynamic shapes for a cache input: one entry per pytree leaf, the keys' and
-    values' sequence axis (-2 of [batch, heads, tokens, head dim]) as `past`."""
-    return [{2: past} if leaf.dim() == 4 else None for leaf in pytree.tree_leaves(cache)]
+    """torch.export's dynamic shapes for a cache input (its window layers' counts set aside): one
+    entry per pytree leaf, the keys' and values' sequence axis (-2 of [batch, heads, tokens, head
+    dim]) as `past`, but a full window's (static), and the length of a full window's count."""
+    full = [layer for layer in cache.layers if isinstance(layer.__dict__.get("cumulative_length"), torch.Tensor)]
+    static = {id(t) for layer in full for t in (layer.keys, layer.values)}
+    counts = {id(layer.__dict__["cumulative_length"]) for layer in full}
+    return [{0: past} if id(leaf) in counts else None if id(leaf) in static or leaf.dim() != 4 else {2: past}
+            for leaf in pytree.tree_leaves(cache)]
 
 
 def write_back(args: tuple, kwargs: dict, out):
@@ -261,8 +287,11 @@ def write_back(args: tuple, kwargs: dict, out):
             mine.layers.extend(new.layers)
         for layer, state in zip(mine.layers, new.layers, strict=True):
             layer.__dict__.update(state.__dict__)
-            if _is_window(layer):    # counted by length while captured: the program's count is the example's
-                layer.cumulative_length = layer.keys.shape[-2]
+            if _is_window(layer):    # a growing one's count is its length, a full one's the length returned
+                count = layer.__dict__["cumulative_length"]
+                layer.cumulative_length = count.shape[0] if isinstance(count, torch.Tensor) else layer.keys.shape[-2]
+                keep = layer.sliding_window - 1     # and a growing one keeps its window's last tokens, as eager's
+                layer.keys, layer.values = layer.keys[:, :, -keep:, :], layer.values[:, :, -keep:, :]
     swap = dict(zip(map(id, returned), given))
     return pytree.tree_map(lambda x: swap.get(id(x), x), out, is_leaf=_is_dynamic_cache)
 

@@ -294,50 +294,69 @@ def test_an_empty_cache_passed_with_the_prompt_is_filled_in_place(with_config):
     assert mine.get_seq_length() == 15 and compiled.num_variants == 2
 
 
-def test_sliding_window_steps_compile_once_until_the_window_fills():
-    """Mistral's (and Gemma's) caches hold DynamicSlidingWindowLayers, which count the tokens seen
-    in a Python int: each step was refused. Until a window fills such a layer is a full one: the
-    steps run one program (the count set aside from the cache's structure, read from the keys'
-    length), and the caller's layers count as eager's. The step that would fill a window is
-    refused by name, or with fallback="eager" runs in PyTorch."""
-    model = randomize(transformers.MistralForCausalLM(transformers.MistralConfig(
+SLIDING = {
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-        vocab_size=100, sliding_window=12)))
+        vocab_size=100, sliding_window=6)),
+    # a local layer and a global one: the global layer's keys grow with past, the local one's stay 5
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=100, head_dim=16, sliding_window=6, layer_types=["sliding_attention", "full_attention"])),
+}
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_sliding_window_steps_compile_once_growing_and_once_full(name):
+    """Mistral's (and Gemma's) caches hold DynamicSlidingWindowLayers, which count the tokens seen
+    in a Python int: each step was refused, and then every step from the one that fills a window.
+    While a window grows, its steps run one program (the count read from the keys' length); once
+    it is full they run another (the count the length of an empty tensor in the int's place, and
+    the new count one the program returns). Every step's logits, keys and count are eager's,
+    through the window's filling by one token and by three, and with an attention mask."""
+    model = randomize(SLIDING[name]())
     gen = torch.Generator().manual_seed(8)
-    ids = torch.randint(1, 100, (1, 5), generator=gen)
-    compiled, lenient = cuvil.compile(model, cache=False), cuvil.compile(model, cache=False, fallback="eager")
+    compiled = cuvil.compile(model, cache=False)
+
+    def step(mine, own, tokens, **kwargs):
+        got, want = compiled(tokens, past_key_values=mine, **kwargs), model(tokens, past_key_values=own, **kwargs)
+        assert got.past_key_values is mine
+        assert [a.cumulative_length for a in mine.layers if hasattr(a, "sliding_window")] == \
+            [b.cumulative_length for b in own.layers if hasattr(b, "sliding_window")]
+        for a, b in zip(mine.layers, own.layers, strict=True):
+            torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-6 * float(b.keys.abs().max()))
+        torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
+
     with torch.no_grad():
+        ids = torch.randint(1, 100, (1, 3), generator=gen)
         mine, own = compiled(ids).past_key_values, model(ids).past_key_values
         assert type(mine.layers[0]).__name__ == "DynamicSlidingWindowLayer"
-        for _ in range(6):                                      # past 5 .. 10: the window keeps 11
-            tokens = torch.randint(1, 100, (1, 1), generator=gen)
-            got, want = compiled(tokens, past_key_values=mine), model(tokens, past_key_values=own)
-            assert got.past_key_values is mine
-            assert [a.cumulative_length for a in mine.layers] == [b.cumulative_length for b in own.layers]
-            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
-        assert compiled.num_variants == 2                       # the prompt's and every step's
-        tokens = torch.randint(1, 100, (1, 1), generator=gen)
-        with pytest.raises(cuvil.CuvilError, match=r"this call fills a sliding window: the cache holds 11 tokens"):
-            compiled(tokens, past_key_values=mine)
-        with pytest.warns(UserWarning, match="runs in eager PyTorch: CacheInputError"):
-            got = lenient(tokens, past_key_values=mine)
-        want = model(tokens, past_key_values=own)
-    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5 * float(want.logits.abs().max()))
-    assert mine.get_seq_length() == own.get_seq_length() == 12
+        for _ in range(7):                                      # past 3 .. 9: full from 6 on
+            step(mine, own, torch.randint(1, 100, (1, 1), generator=gen))
+        assert compiled.num_variants == 3                       # the prompt's, the growing window's, the full one's
+        assert mine.layers[0].keys.shape[-2] == 5 and mine.get_seq_length() == 10
+        n = mine.get_seq_length()
+        step(mine, own, torch.randint(1, 100, (1, 1), generator=gen), attention_mask=torch.ones(1, n + 1, dtype=torch.long))
+        for _ in range(2):                                      # three tokens a step in the full window
+            step(mine, own, torch.randint(1, 100, (1, 3), generator=gen))
+        ids = torch.randint(1, 100, (1, 4), generator=gen)      # a window filled part way by one step
+        mine, own = compiled(ids).past_key_values, model(ids).past_key_values
+        for _ in range(3):
+            step(mine, own, torch.randint(1, 100, (1, 3), generator=gen))
+    assert mine.get_seq_length() == own.get_seq_length() == 13
 
 
 def test_while_a_step_is_captured_other_sliding_window_layers_keep_their_count():
     """The capture patches the window layer's class: only the captured step's layers (marked)
     count by their keys' length and keep every token; another cache's, run in eager meanwhile (by
     another thread), counts and crops as it does."""
-    from cuvil.frontend.hf_caches import windows_as_full_layers
+    from cuvil.frontend.hf_caches import windows_as_captured
     model = randomize(transformers.MistralForCausalLM(transformers.MistralConfig(
         hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
         vocab_size=100, sliding_window=4)))
     ids, nxt = torch.randint(1, 100, (1, 3)), torch.randint(1, 100, (1, 1))
     with torch.no_grad():
         captured, other, plain = (model(ids).past_key_values for _ in range(3))
-        with windows_as_full_layers({"past_key_values": captured}):
+        with windows_as_captured({"past_key_values": captured}):
             got = model(nxt, past_key_values=other).logits
         want = model(nxt, past_key_values=plain).logits
     torch.testing.assert_close(got, want, rtol=0, atol=0)
