@@ -101,7 +101,8 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     growing = {name: c for name, c in caches.items() if cache_length(c)}    # not empty: `past` is dynamic
     spans = spans_past_and_new(values, cache_length(next(iter(growing.values())))) if growing else {}
     hints = static_new_tokens(values, hints)
-    register_model_caches(module)
+    owner = getattr(model_or_fn, "__self__", None)     # a bound method (`model.forward`): its model's caches
+    register_model_caches(owner if isinstance(owner, nn.Module) else module)
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
     sizes.update({PAST: cache_length(c) for c in growing.values()})
@@ -115,7 +116,7 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     multiples: dict[str, int] = {}
     for attempt in range(MAX_FIXES + 1):
         try:
-            with windows_as_captured(growing):
+            with windows_as_captured(caches):
                 ep = _export(module, args, kwargs, named, hints, {**ranges, **fixes}, sizes, growing, spans,
                              open_dims - set(multiples), multiples)
             break

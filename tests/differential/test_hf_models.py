@@ -345,6 +345,27 @@ def test_sliding_window_steps_compile_once_growing_and_once_full(name):
     assert mine.get_seq_length() == own.get_seq_length() == 13
 
 
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_generate_with_a_compiled_forward(name):
+    """`model.forward = cuvil.compile(model.forward)`, then HF's own `generate`: a batch of two
+    prompts, one left-padded, decoded greedily 14 tokens past a window of 6 (Mistral). generate
+    passes in an empty cache with the prompt (its types were not registered through a bound method,
+    and its window layers' counts were not set aside: torch.export and then the call's flattening
+    failed); every token is eager's, from the prompt's, the growing window's and the full one's
+    programs."""
+    model = randomize(DECODERS["llama"]() if name == "llama" else SLIDING["mistral"]())
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 100, (2, 5), generator=gen)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    ids[0, :2], mask[0, :2] = 0, 0
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
+        model.forward = compiled = cuvil.compile(model.forward, cache=False)
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert compiled.num_variants == (2 if name == "llama" else 3)
+
+
 def test_while_a_step_is_captured_other_sliding_window_layers_keep_their_count():
     """The capture patches the window layer's class: only the captured step's layers (marked)
     count by their keys' length and keep every token; another cache's, run in eager meanwhile (by
