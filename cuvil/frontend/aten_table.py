@@ -25,6 +25,7 @@ from ..ir import DType
 from ..ir.types import dims_equal, norm_dim
 from ..ir.ops.common import window_out
 from ..ir.ops.layout import PAD_MODES
+from .decompositions import cuvil_decompositions
 from .importer import Lowering, Unavailable, op_name
 from .resampling import RESAMPLING, repeat_each
 
@@ -90,9 +91,11 @@ def arg_reduction(name: str):
 
 def along_dim(name: str):
     """softmax / log_softmax / cumsum / cumprod / logcumsumexp: one axis; the input is cast to the
-    result dtype."""
+    result dtype (and a running sum of i32 asked for, which Cuvil folds in i64, cast back: the
+    same wrapped values)."""
     def row(L: Lowering, x, dim, *_):
-        return L.op(name, L.cast(x, L.out_dtype()), dim=L.axis(dim, x.type.rank))
+        dtype = L.out_dtype()
+        return L.cast(L.op(name, L.cast(x, dtype), dim=L.axis(dim, x.type.rank)), dtype)
     return row
 
 
@@ -1551,6 +1554,7 @@ ATEN_TABLE = {
     aten.ones_like.default: like_full(fill=1),
     aten.new_ones.default: like_full(fill=1),
     aten.scalar_tensor.default: like_full(0),
+    aten.empty_permuted.default: like_full(fill=0),    # its values are undefined: zeros are some
     aten._local_scalar_dense.default: local_scalar_dense,
     aten.sym_storage_offset.default: sym_storage_offset,
     aten.arange.default: arange_end,
@@ -1595,9 +1599,10 @@ ATEN_TABLE = {
 
 
 def decomposition_table() -> dict:
-    """torch.export's default decompositions minus every overload Cuvil lowers directly (a fresh
-    copy each call: `run_decompositions` may change the table it gets)."""
-    return dict(_decompositions())
+    """torch.export's default decompositions minus every overload Cuvil lowers directly, plus
+    Cuvil's own (`decompositions.py`; a fresh copy each call: `run_decompositions` may change the
+    table it gets)."""
+    return {**_decompositions(), **cuvil_decompositions()}
 
 
 @functools.cache

@@ -366,6 +366,33 @@ def test_generate_with_a_compiled_forward(name):
     assert compiled.num_variants == (2 if name == "llama" else 3)
 
 
+def test_a_mixture_of_experts_decodes_as_eager():
+    """Mixtral's experts (transformers' default `grouped_mm` on a CPU: the tokens sorted by expert,
+    a histogram of tokens per expert, a loop of products over its running counts, the rows put
+    back through an inverse permutation) were refused at `aten.histc`. Cuvil decomposes the grouped
+    product into each row's product with its expert's gathered matrix, and the histogram and the
+    inverse permutation's assignment into comparisons: a 24-token prompt's logits are within twice
+    eager's own error of fp64 (transformers' `batched_mm` experts, the same sums), and generate's greedy tokens from a batch of two are eager's."""
+    model = randomize(transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=100, num_local_experts=4, num_experts_per_tok=2)))
+    assert model.config._experts_implementation == "grouped_mm"
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(1, 100, (1, 24), generator=gen)
+    got = cuvil.compile(model, cache=False)(ids).logits
+    fp64 = copy.deepcopy(model).double()
+    fp64.config._experts_implementation = "batched_mm"          # torch's grouped_mm takes no float64
+    with torch.no_grad():
+        want, exact = model(ids).logits, fp64(ids).logits.float()
+    assert float((got - exact).abs().max()) <= 2 * float((want - exact).abs().max()) + 1e-5 * float(exact.abs().max())
+    ids = torch.randint(1, 100, (2, 6), generator=gen)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        model.forward = cuvil.compile(model.forward, cache=False)
+        got = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
 def test_while_a_step_is_captured_other_sliding_window_layers_keep_their_count():
     """The capture patches the window layer's class: only the captured step's layers (marked)
     count by their keys' length and keep every token; another cache's, run in eager meanwhile (by

@@ -117,6 +117,9 @@ UNMAPPED: dict[str, str] = {
                               "test_a_run_time_check_of_tensor_values_is_refused_with_torchs_message",
     "aten.fmod.Scalar": "OpInfo's fmod samples divide by tensors only; tests/unit/test_frontend.py::"
                         "test_fmod_and_remainder_by_a_python_number compiles the scalar form against eager",
+    "aten.empty_permuted.default": "an empty tensor's values are undefined, so no OpInfo sample can compare them; "
+                                   "tests/differential/test_hf_models.py::test_a_mixture_of_experts_decodes_as_eager "
+                                   "fills one made in the model (Mixtral's `torch.empty_like(perm)`)",
     "aten.sub.Scalar": "only cosine_embedding_loss and nanquantile decompose to it, and both also need ops "
                        "without a row (empty_permuted; sort, isnan)",
     "aten._softmax.default": "torch.export keeps softmax.int whole for Cuvil (its decomposition table leaves it "

@@ -1,0 +1,108 @@
+"""Cuvil's own decompositions: ops with no row in the ATen table, written in ops that have one
+(`run_decompositions` traces them into the graph, after torch.export's default ones).
+
+- `aten.histc` with a given range: each value's bin compared with every bin and counted (a
+  histogram of few bins, such as a mixture of experts' tokens per expert).
+- `aten.index_put` by one index tensor along the first dim (`x[idx] = v`, `x[idx] += v`): each
+  row of the result compared with every index, taking the value of the last index that names it
+  (torch leaves the order of repeated indices unspecified) or, accumulating, their sum. The cost
+  is indices x rows, meant for the small permutations models invert (a mixture of experts'
+  `inv_perm[perm] = arange`); an index out of range, torch's error, leaves its value out. Other
+  forms keep the op, which Cuvil then refuses by name.
+- `aten.scatter` (of a value or of a tensor) and `aten.scatter_add` whose index has the input's
+  sizes but along `dim`: the same comparison, along `dim` (a router's `scatter(-1, top, -inf)`).
+- `transformers::grouped_mm_fallback`: a mixture of experts' grouped product (transformers'
+  default `grouped_mm` experts on a CPU). Rows sorted by expert, `offs` the running count of each
+  expert's rows: each row is multiplied by its expert's matrix, a batched product of one row and
+  the gathered matrix, and the rows past the last offset are 0, as in its loop of `torch.mm`s.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+aten = torch.ops.aten
+
+
+def histc(x: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) -> torch.Tensor:
+    if min == max:      # the range is the data's own: a value torch.export would read as a size
+        return NotImplemented
+
+    flat = x.reshape(-1)
+    # torch's CPU kernel: the bin is (x - min) * bins / (max - min) truncated, and x == max falls in the last
+    at = ((flat - min) * (bins / (max - min))).floor().clamp(0, bins - 1).long()
+    inside = (flat >= min) & (flat <= max)
+    hits = (at.unsqueeze(-1) == torch.arange(bins, device=x.device)) & inside.unsqueeze(-1)
+    return hits.sum(0).to(x.dtype)
+
+
+def index_put(x: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False):
+    if len(indices) != 1 or indices[0] is None or indices[0].dim() != 1 or indices[0].dtype not in (torch.int64, torch.int32):
+        return NotImplemented
+    rows = x.shape[0]
+    at = indices[0].long() % rows                                           # torch counts -1 from the end
+    values = values.to(x.dtype).expand(at.shape[0], *x.shape[1:])
+    names = at.unsqueeze(-1) == torch.arange(rows, device=x.device)        # [index, row]
+    if accumulate:
+        added = (names.to(x.dtype).transpose(0, 1).reshape(rows, -1, 1) * values.reshape(1, at.shape[0], -1)).sum(1)
+        return x + added.reshape(x.shape)
+    last = (names * torch.arange(1, at.shape[0] + 1, device=x.device).unsqueeze(-1)).amax(0)     # 0: none
+    taken = values[(last - 1).clamp(min=0)]
+    hit = (last > 0).reshape(rows, *([1] * (x.dim() - 1)))
+    return torch.where(hit, taken, x)
+
+
+def _names_along(index: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """[..., j, t, ...]: whether index[..., j, ...] is t (an axis of `size` after `dim`)."""
+    shape = [1] * (index.dim() + 1)
+    shape[dim + 1] = size
+    return index.unsqueeze(dim + 1) == torch.arange(size, device=index.device).reshape(shape)
+
+
+def _scatter_form(x: torch.Tensor, dim: int, index: torch.Tensor) -> int | None:
+    """`dim` made positive where the index has x's sizes but along it, else None."""
+    dim = dim % max(x.dim(), 1)
+    same = index.dim() == x.dim() and all(index.shape[d] == x.shape[d] for d in range(x.dim()) if d != dim)
+    return dim if same and x.dim() > 0 else None
+
+
+def scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value) -> torch.Tensor:
+    if (dim := _scatter_form(x, dim, index)) is None:
+        return NotImplemented
+    hit = _names_along(index, dim, x.shape[dim]).any(dim)
+    return torch.where(hit, torch.scalar_tensor(value, dtype=x.dtype), x)
+
+
+def scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    if (dim := _scatter_form(x, dim, index)) is None:
+        return NotImplemented
+    src = src[tuple(slice(0, n) for n in index.shape)].to(x.dtype)
+    order = torch.arange(1, index.shape[dim] + 1, device=x.device).reshape([-1] + [1] * (x.dim() - dim))
+    last = (_names_along(index, dim, x.shape[dim]) * order).amax(dim)          # 0: no index names it
+    taken = torch.gather(src, dim, (last - 1).clamp(min=0))
+    return torch.where(last > 0, taken, x)
+
+
+def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    if (dim := _scatter_form(x, dim, index)) is None:
+        return NotImplemented
+    src = src[tuple(slice(0, n) for n in index.shape)].to(x.dtype)
+    names = _names_along(index, dim, x.shape[dim])
+    return x + torch.where(names, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim)
+
+
+def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    position = torch.arange(rows.shape[0], device=rows.device)
+    expert = (position.unsqueeze(-1) >= offs.unsqueeze(0)).sum(-1).clamp(max=weight.shape[0] - 1)
+    out = torch.bmm(rows.unsqueeze(1), weight[expert]).squeeze(1)
+    return torch.where((position < offs[-1]).unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
+
+
+def cuvil_decompositions() -> dict:
+    table = {aten.histc.default: histc, aten.index_put.default: index_put, aten.scatter.value: scatter_value,
+             aten.scatter.src: scatter_src, aten.scatter_add.default: scatter_add}
+    if "transformers" in sys.modules and hasattr(torch.ops, "transformers") \
+            and hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+        table[torch.ops.transformers.grouped_mm_fallback.default] = grouped_mm
+    return table
