@@ -94,8 +94,15 @@ def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tenso
 
 def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     position = torch.arange(rows.shape[0], device=rows.device)
-    expert = (position.unsqueeze(-1) >= offs.unsqueeze(0)).sum(-1).clamp(max=weight.shape[0] - 1)
-    out = torch.bmm(rows.unsqueeze(1), weight[expert]).squeeze(1)
+    experts, k, n = weight.shape
+    expert = (position.unsqueeze(-1) >= offs.unsqueeze(0)).sum(-1).clamp(max=experts - 1)
+    if isinstance(rows.shape[0], int) and rows.shape[0] <= experts:
+        # few rows (a decoding step's): each row's product with its expert's matrix, gathered
+        out = torch.bmm(rows.unsqueeze(1), weight[expert]).squeeze(1)
+    else:   # many: one product with every expert's matrix side by side, then each row's part
+        # (a linear: its weight, a constant's rearrangement, is folded and packed at compile time)
+        every = torch.nn.functional.linear(rows, weight.permute(0, 2, 1).reshape(experts * n, k))
+        out = every.reshape(-1, experts, n).gather(1, expert.reshape(-1, 1, 1).expand(-1, 1, n)).squeeze(1)
     return torch.where((position < offs[-1]).unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
 
 
