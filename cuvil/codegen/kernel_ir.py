@@ -44,6 +44,12 @@ def loop_var(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
+def scalar_index(name: str) -> sympy.Symbol:
+    """The sympy symbol of an integer scalar used in index expressions (a size read at run time,
+    of any sign until clamped)."""
+    return sympy.Symbol(name, integer=True)
+
+
 def as_index(e) -> Dim:
     return norm_dim(e)
 
@@ -553,7 +559,7 @@ class _KernelVerifier:
         unknown = free_symbols(e) - loops - self.symbols
         if unknown:
             raise self.fail(f"{where} uses {', '.join(sorted(unknown))}, which is neither a loop variable in "
-                            f"scope nor a kernel symbol")
+                            f"scope, an integer scalar defined before it, nor a kernel symbol")
 
     def buffer(self, b: Buffer, where: str) -> None:
         if self.buffers.get(b.name) != b:
@@ -565,8 +571,8 @@ class _KernelVerifier:
             if isinstance(s, Loop):
                 if s.parallel and not top:
                     raise self.fail(f"parallel loop {s.var} is not at the top level")
-                self.index(s.start, loops, f"the start of loop {s.var}")
-                self.index(s.extent, loops, f"the extent of loop {s.var}")
+                self.index(s.start, loops | scalars, f"the start of loop {s.var}")
+                self.index(s.extent, loops | scalars, f"the extent of loop {s.var}")
                 self.define_loop(s.var, loops)
                 self.block(s.body, loops | {s.var}, scalars)
             elif isinstance(s, Let):
@@ -577,7 +583,7 @@ class _KernelVerifier:
                 if s.buf.role == "in":
                     raise self.fail(f"stores into input buffer %{s.buf.name}")
                 for i in s.index:
-                    self.index(i, loops, f"a store into %{s.buf.name}")
+                    self.index(i, loops | scalars, f"a store into %{s.buf.name}")
                 self.expr(s.value, loops, scalars)
             elif isinstance(s, Reduce):
                 self.expr(s.init, loops, scalars)
@@ -595,13 +601,13 @@ class _KernelVerifier:
                 for name in s.operand_names:
                     ref = getattr(s, name)
                     self.buffer(ref.buf, f"gemm operand {name}")
-                    self.index(ref.offset, loops, f"the offset of gemm operand {name}")
+                    self.index(ref.offset, loops | scalars, f"the offset of gemm operand {name}")
                 if s.c.buf.role == "in":
                     raise self.fail(f"gemm writes into input buffer %{s.c.buf.name}")
                 if s.bias is not None and s.bias.buf.strides is not None:
                     raise self.fail(f"gemm bias %{s.bias.buf.name} must be a contiguous buffer")
                 for f in s.index_fields:
-                    self.index(getattr(s, f), loops, f"gemm {f}")
+                    self.index(getattr(s, f), loops | scalars, f"gemm {f}")
             elif isinstance(s, TopK):
                 for name in ("dst", "src"):
                     ref = getattr(s, name)
@@ -633,7 +639,7 @@ class _KernelVerifier:
                 if isinstance(i, Expr):
                     self.expr(i, loops, scalars)
                 else:
-                    self.index(i, loops, f"a load from %{e.buf.name}")
+                    self.index(i, loops | scalars, f"a load from %{e.buf.name}")
             for sub in (e.mask, e.other):
                 if sub is not None:
                     self.expr(sub, loops, scalars)
@@ -651,8 +657,10 @@ def _defined(stmts) -> set[str]:
 
 
 def index_names(stmts) -> set[str]:
-    """Every name (symbol or loop variable) used by the index expressions of `stmts`."""
+    """Every name (symbol or loop variable) used by the index expressions of `stmts`, but the
+    integer scalars they define (a size read at run time: `grouped_matmul`'s rows)."""
     out: set[str] = set()
+    scalars: set[str] = set()
 
     def expr(e):
         if isinstance(e, Load):
@@ -684,6 +692,8 @@ def index_names(stmts) -> set[str]:
                 block(s.body)
                 expr(s.value)
             elif isinstance(s, (Let, Store)):
+                if isinstance(s, Let):
+                    scalars.add(s.var.name)
                 if isinstance(s, Store):
                     for i in s.index:
                         out.update(free_symbols(i))
@@ -698,7 +708,7 @@ def index_names(stmts) -> set[str]:
                     out.update(free_symbols(getattr(s, f)))
                 out.update(free_symbols(s.dst.offset) | free_symbols(s.src.offset))
     block(stmts)
-    return out
+    return out - scalars
 
 
 # ----------------------------------------------------------------------------- origins

@@ -31,7 +31,7 @@ from ..errors import CuvilParseError
 from ..ir.types import DType, sym
 from .kernel_ir import (FUNCS, GEMM_INTS, GEMM_TAPS, GEMM_WINDOW, REDUCE_KINDS, ROLES, TOPK_INTS, BufRef, Buffer,
                         Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, TopK, Var,
-                        loop_var, operands)
+                        loop_var, operands, scalar_index)
 
 INDENT = "  "
 
@@ -774,8 +774,11 @@ class _Parser:
                 return loop_var(t.text)
             if t.text in self.symbols:
                 return sym(t.text)
-            raise self.error(f"unknown index name '{t.text}' (not a loop variable in scope or a symbol "
-                             f"listed in dims(...))", t)
+            scalar = self.lookup("%" + t.text)      # an integer scalar read at run time (a grouped GEMM's rows)
+            if isinstance(scalar, Var) and scalar.dtype in (DType.i64, DType.i32, DType.i8):
+                return scalar_index(t.text)
+            raise self.error(f"unknown index name '{t.text}' (not a loop variable in scope, an integer scalar "
+                             f"defined before it, or a symbol listed in dims(...))", t)
         raise self.error(f"expected an index expression, got {t.text!r}", t)
 
 

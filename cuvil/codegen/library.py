@@ -33,7 +33,8 @@ from ..ir.ops.nn import TO_NHWC, spatial_axes
 from ..ir.types import DType, norm_dim
 from .index_math import (TRANSPOSE_TILE, bounds, broadcast_index, decompose, floor_div, index_max, index_min,
                          tile_extent)
-from .kernel_ir import TOPK_DTYPES, Buffer, BufRef, Cast, Const, Gemm, Index, Load, Store, TopK, compute_dtype
+from .kernel_ir import (TOPK_DTYPES, Buffer, BufRef, Cast, Const, Gemm, Index, Load, Store, TopK, compute_dtype,
+                        scalar_index)
 from .scalar_ops import call, cast, const
 
 ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
@@ -969,6 +970,35 @@ def argtopk(lw, op):
     lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
 
 
+def grouped_matmul(lw, op):
+    """A mixture of experts' grouped product: each expert in a parallel iteration, a Gemm over its
+    rows, whose first row and count it reads from `offsets` (sizes known at run time, named by
+    scalars: `scalar_index` symbols of `Let`s, clamped to the rows); the last expert also zeroes the
+    rows past its own (none, unless some row has no expert). Then the group's epilogue over them."""
+    rows, weight, offsets = op.operands
+    _require_f32(op, [rows, weight])
+    R, W, O = (lw.inputs[id(v)] for v in op.operands)
+    T = _raw_buffer(lw, op)
+    lw.materialized[id(op.result)] = lambda idx: Load(T, idx)
+    S, K = rows.type.shape
+    E, _, N = weight.type.shape
+
+    def expert(e):
+        i64 = DType.i64
+        first = call("gt", Index(e), Const(0, i64))
+        start = scalar_index(lw.let(cast(Load(O, [e - 1], mask=first, other=Const(0, O.dtype)), i64), "start").name)
+        end = scalar_index(lw.let(cast(Load(O, [e]), i64), "end").name)
+        # offsets out of order or past the rows are clamped, as the eager loop's slices are
+        start = sympy.Min(sympy.Max(start, 0), S)
+        end = sympy.Min(sympy.Max(end, start), S)
+        lw.emit(Gemm(BufRef(T, start * N), BufRef(R, start * K), BufRef(W, e * K * N), end - start, N, K, K, N, N))
+        tail = (S - end) * (sympy.floor(e / (E - 1)) if isinstance(E, int) and E > 1 else 1)
+        lw.loop("r", tail, lambda r: lw.loop("j", N, lambda j: lw.emit(Store(T, [end + r, j], Const(0.0, DType.f32)))),
+                start=0)
+        _epilogue(lw, [(start, end - start + tail), (0, N)])
+    lw.loop("e", E, expert, parallel=True)
+
+
 def _log_add_exp(a, b):
     """log(exp(a) + exp(b)) without overflow: the larger plus log1p(exp(smaller - larger)); an
     infinite larger or a -inf smaller is the answer itself (their difference would be NaN)."""
@@ -1041,7 +1071,7 @@ WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
               "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.adaptive_max_pool2d": adaptive_max_pool2d,
               "cuvil.conv2d": conv2d_direct}
 LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa,
-           "cuvil.argtopk": argtopk, **dict.fromkeys(SCANS, scan)}
+           "cuvil.argtopk": argtopk, "cuvil.grouped_matmul": grouped_matmul, **dict.fromkeys(SCANS, scan)}
 
 
 def gathered_operands(op: Operation) -> list:

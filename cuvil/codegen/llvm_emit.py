@@ -655,10 +655,12 @@ class KernelEmitter:
         if e.is_Integer:
             return ir.Constant(I64, int(e))
         if e.is_Symbol:
-            try:
+            if e in self.indices:
                 return self.indices[e]
-            except KeyError:
-                raise ValueError(f"kernel {self.kernel.name}: index name '{e}' is not in scope") from None
+            scalar = self.scalars.get(e.name)       # a size read at run time (grouped_matmul's rows)
+            if scalar is None or not isinstance(scalar.type, ir.IntType):
+                raise ValueError(f"kernel {self.kernel.name}: index name '{e}' is not in scope")
+            return scalar if scalar.type.width == 64 else b.sext(scalar, I64)
         if e.is_Add:
             terms = [self.index(t) for t in e.args]
             out = terms[0]

@@ -12,9 +12,9 @@
 - `aten.scatter` (of a value or of a tensor) and `aten.scatter_add` whose index has the input's
   sizes but along `dim`: the same comparison, along `dim` (a router's `scatter(-1, top, -inf)`).
 - `transformers::grouped_mm_fallback`: a mixture of experts' grouped product (transformers'
-  default `grouped_mm` experts on a CPU). Rows sorted by expert, `offs` the running count of each
-  expert's rows: each row is multiplied by its expert's matrix, a batched product of one row and
-  the gathered matrix, and the rows past the last offset are 0, as in its loop of `torch.mm`s.
+  default `grouped_mm` experts on a CPU), rows sorted by expert and `offs` the running count of
+  each expert's rows: Cuvil's own `cuvil::grouped_mm`, imported as `cuvil.grouped_matmul` (one GEMM
+  per expert over its rows, their count read at run time; `library.grouped_matmul`).
 """
 from __future__ import annotations
 
@@ -92,18 +92,25 @@ def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tenso
     return x + torch.where(names, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim)
 
 
+@torch.library.custom_op("cuvil::grouped_mm", mutates_args=())
+def grouped_mm_op(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """`cuvil.grouped_matmul` as a torch op, for the decomposition to trace: each expert's rows
+    (offsets[e-1] to offsets[e]) times its matrix, and 0 past the last offset."""
+    out = rows.new_zeros(rows.shape[0], weight.shape[2])
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        out[start:end] = rows[start:end] @ weight[e]
+        start = end
+    return out
+
+
+@grouped_mm_op.register_fake
+def _grouped_mm_shape(rows, weight, offsets):
+    return rows.new_empty(rows.shape[0], weight.shape[2])
+
+
 def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    position = torch.arange(rows.shape[0], device=rows.device)
-    experts, k, n = weight.shape
-    expert = (position.unsqueeze(-1) >= offs.unsqueeze(0)).sum(-1).clamp(max=experts - 1)
-    if isinstance(rows.shape[0], int) and rows.shape[0] <= experts:
-        # few rows (a decoding step's): each row's product with its expert's matrix, gathered
-        out = torch.bmm(rows.unsqueeze(1), weight[expert]).squeeze(1)
-    else:   # many: one product with every expert's matrix side by side, then each row's part
-        # (a linear: its weight, a constant's rearrangement, is folded and packed at compile time)
-        every = torch.nn.functional.linear(rows, weight.permute(0, 2, 1).reshape(experts * n, k))
-        out = every.reshape(-1, experts, n).gather(1, expert.reshape(-1, 1, 1).expand(-1, 1, n)).squeeze(1)
-    return torch.where((position < offs[-1]).unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
+    return torch.ops.cuvil.grouped_mm(rows, weight.contiguous(), offs)
 
 
 def cuvil_decompositions() -> dict:

@@ -123,7 +123,7 @@ def test_verifier_rejects_misplaced_parallel_loop_and_unknown_names():
     inner = Loop("j", 0, 8, [Store(x, [loop_var("j")], Const(0.0, DType.f32))], parallel=True)
     with pytest.raises(CuvilVerifyError, match="parallel loop j is not at the top level"):
         verify_kernel(Kernel("k", [x], [], [Loop("i", 0, 1, [inner])]))
-    with pytest.raises(CuvilVerifyError, match="neither a loop variable in scope nor a kernel symbol"):
+    with pytest.raises(CuvilVerifyError, match="neither a loop variable in scope, an integer scalar defined before it, nor a kernel symbol"):
         verify_kernel(Kernel("k", [x], [], [Store(x, [loop_var("j")], Const(0.0, DType.f32))]))
     with pytest.raises(CuvilVerifyError, match="%t is used before it is defined"):
         verify_kernel(Kernel("k", [x], [], [Store(x, [0], Var("t", DType.f32))]))

@@ -117,6 +117,8 @@ UNMAPPED: dict[str, str] = {
                               "test_a_run_time_check_of_tensor_values_is_refused_with_torchs_message",
     "aten.fmod.Scalar": "OpInfo's fmod samples divide by tensors only; tests/unit/test_frontend.py::"
                         "test_fmod_and_remainder_by_a_python_number compiles the scalar form against eager",
+    "cuvil.grouped_mm.default": "Cuvil's own op (a mixture of experts' grouped product), with no OpInfo; "
+                                "tests/codegen/test_grouped_matmul.py compares it with its torch loop of products",
     "aten.empty_permuted.default": "an empty tensor's values are undefined, so no OpInfo sample can compare them; "
                                    "tests/differential/test_hf_models.py::test_a_mixture_of_experts_decodes_as_eager "
                                    "fills one made in the model (Mixtral's `torch.empty_like(perm)`)",

@@ -899,6 +899,24 @@ def test_argtopk():
         build("cuvil.argtopk", [T(DType.bool, 4)], {"k": 1, "dim": 0})
 
 
+def test_grouped_matmul():
+    """Each expert's rows (between consecutive offsets) times its matrix, hand-checked: 0 past
+    the last offset, and an expert with no rows (offsets 2, 2) is skipped."""
+    rows = torch.arange(10.0).reshape(5, 2)
+    weight = torch.stack([torch.eye(2), 2 * torch.eye(2), torch.tensor([[0.0, 1.0], [1.0, 0.0]])])
+    offsets = torch.tensor([2, 2, 4], dtype=torch.int32)
+    types, (out,) = run("cuvil.grouped_matmul", [rows, weight, offsets], types=[T(F32, s0, 2), T(F32, 3, 2, 2),
+                                                                                  T(DType.i32, 3)])
+    assert types == ["tensor<s0x2xf32>"]
+    assert out.tolist() == [[0, 1], [2, 3], [5, 4], [7, 6], [0, 0]]
+    with pytest.raises(CuvilVerifyError, match="offsets must be an integer tensor"):
+        build("cuvil.grouped_matmul", [T(F32, 5, 2), T(F32, 3, 2, 2), T(F32, 3)])
+    with pytest.raises(CuvilVerifyError, match="contracted dims differ"):
+        build("cuvil.grouped_matmul", [T(F32, 5, 3), T(F32, 3, 2, 2), T(DType.i64, 3)])
+    with pytest.raises(CuvilVerifyError, match="offsets must have shape"):
+        build("cuvil.grouped_matmul", [T(F32, 5, 2), T(F32, 3, 2, 2), T(DType.i64, 4)])
+
+
 def test_copy():
     x = randn(3, 4).t()
     types, (out,) = run("cuvil.copy", [x], types=[T(F32, 4, s0)])

@@ -141,6 +141,9 @@ cuvil.func @nn(%x: tensor<s0x3x17x17xf32>, %tokens: tensor<s0x5xi64>, %q: tensor
   %9 = cuvil.rms_norm %8, %ln.weight {normalized_ndim = 1, eps = 1e-06} : (tensor<s0x5x12xf32>, tensor<12xf32>) -> tensor<s0x5x12xf32>
   %10 = cuvil.matmul %9, %lin.weight : (tensor<s0x5x12xf32>, tensor<12x12xf32>) -> tensor<s0x5x12xf32>
   %11 = cuvil.sdpa %q, %q, %q {is_causal = true} : (tensor<s0x2x5x8xf32>, tensor<s0x2x5x8xf32>, tensor<s0x2x5x8xf32>) -> tensor<s0x2x5x8xf32>
+  %experts = cuvil.const @experts.weight : tensor<4x12x12xf32>
+  %offsets = cuvil.const @experts.offsets : tensor<4xi32>
+  %12 = cuvil.grouped_matmul %emb, %experts, %offsets : (tensor<100x12xf32>, tensor<4x12x12xf32>, tensor<4xi32>) -> tensor<100x12xf32>
   cuvil.return %5, %10, %11 : tensor<s0x6x3x3xf32>, tensor<s0x5x12xf32>, tensor<s0x2x5x8xf32>
 }
 """

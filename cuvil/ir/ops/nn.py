@@ -207,6 +207,38 @@ class MatmulOp(OpDef):
         return torch.matmul(a, b)
 
 
+@register_op
+class GroupedMatmulOp(OpDef):
+    """A mixture of experts' grouped product: `rows` [S, K] sorted by expert, `offsets` [E] the
+    running count of each expert's rows; row s of expert e (offsets[e-1] <= s < offsets[e]) is
+    multiplied by weight[e] [K, N]. Rows past the last offset are 0 (transformers'
+    `grouped_mm_fallback`)."""
+    name = "cuvil.grouped_matmul"
+    operands = ("rows", "weight", "offsets")
+    tags = frozenset({"opaque"})
+
+    @staticmethod
+    def infer(types, attrs):
+        rows, weight, offsets = types
+        require_same_dtype([rows, weight])
+        require_integer(offsets, "offsets")
+        _require_rank(rows, (2,), "rows")
+        _require_rank(weight, (3,), "weight")
+        _expect_shape(offsets, (weight.shape[0],), "offsets")
+        if not dims_equal(rows.shape[1], weight.shape[1]):
+            raise ValueError(f"contracted dims differ: {rows} @ {weight}")
+        return [rows.with_shape((rows.shape[0], weight.shape[2]))]
+
+    @staticmethod
+    def evaluate(attrs, rows, weight, offsets):
+        out = torch.zeros(rows.shape[0], weight.shape[2], dtype=rows.dtype)
+        start = 0
+        for e, end in enumerate(offsets.tolist()):
+            out[start:end] = rows[start:end] @ weight[e]
+            start = end
+        return out
+
+
 # ----------------------------------------------------------------------------- convolution and pooling
 
 # ----------------------------------------------------------------------------- image layouts
