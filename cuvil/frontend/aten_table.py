@@ -1554,7 +1554,8 @@ ATEN_TABLE = {
     aten.ones_like.default: like_full(fill=1),
     aten.new_ones.default: like_full(fill=1),
     aten.scalar_tensor.default: like_full(0),
-    aten.empty_permuted.default: like_full(fill=0),    # its values are undefined: zeros are some
+    aten.empty.memory_format: like_full(fill=0),       # an empty tensor's values are undefined: zeros are some
+    aten.empty_permuted.default: like_full(fill=0),
     torch.ops.cuvil.grouped_mm.default: lambda L, rows, weight, offsets: L.op("cuvil.grouped_matmul", rows, weight, offsets),
     aten._local_scalar_dense.default: local_scalar_dense,
     aten.sym_storage_offset.default: sym_storage_offset,

@@ -366,16 +366,30 @@ def test_generate_with_a_compiled_forward(name):
     assert compiled.num_variants == (2 if name == "llama" else 3)
 
 
-def test_a_mixture_of_experts_decodes_as_eager():
-    """Mixtral's experts (transformers' default `grouped_mm` on a CPU: the tokens sorted by expert,
-    a histogram of tokens per expert, a loop of products over its running counts, the rows put
-    back through an inverse permutation) were refused at `aten.histc`. Cuvil decomposes the grouped
-    product into each row's product with its expert's gathered matrix, and the histogram and the
-    inverse permutation's assignment into comparisons: a 24-token prompt's logits are within twice
-    eager's own error of fp64 (transformers' `batched_mm` experts, the same sums), and generate's greedy tokens from a batch of two are eager's."""
-    model = randomize(transformers.MixtralForCausalLM(transformers.MixtralConfig(
+MIXTURES = {
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-        vocab_size=100, num_local_experts=4, num_experts_per_tok=2)))
+        vocab_size=100, num_local_experts=4, num_experts_per_tok=2)),
+    # latent attention (its keys made with `new_empty` and two slice copies), a shared expert, and
+    # routing limited to the best of two groups of experts
+    "deepseek_v3": lambda: transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
+        vocab_size=100, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+        kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=2,
+        topk_group=1, head_dim=8)),
+}
+
+
+@pytest.mark.parametrize("name", MIXTURES)
+def test_a_mixture_of_experts_decodes_as_eager(name):
+    """Mixtral's and DeepSeek-V3's experts (transformers' default `grouped_mm` on a CPU: the tokens
+    sorted by expert, a histogram of tokens per expert, a loop of products over its running counts,
+    the rows put back through an inverse permutation) were refused at `aten.histc`. The grouped
+    product is Cuvil's `grouped_matmul` (one GEMM per expert over its rows), and the histogram and
+    the inverse permutation's assignment are decomposed into comparisons: a 24-token prompt's
+    logits are within twice eager's own error of fp64 (transformers' `batched_mm` experts, the
+    same sums), and generate's greedy tokens from a batch of two are eager's."""
+    model = randomize(MIXTURES[name]())
     assert model.config._experts_implementation == "grouped_mm"
     gen = torch.Generator().manual_seed(6)
     ids = torch.randint(1, 100, (1, 24), generator=gen)
