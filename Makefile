@@ -58,3 +58,4 @@ bench: venv
 	$(PY) -m benchmarks.explorer_cell
 	$(PY) -m benchmarks.compile_time
 	$(PY) -m benchmarks.decode
+	$(PY) -m benchmarks.generate
