@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Container
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.export import Dim
 from torch.utils._sympy.value_ranges import ValueRanges
@@ -98,7 +99,8 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     module = model_or_fn if isinstance(model_or_fn, nn.Module) else as_module(model_or_fn)
     _check_inference_mode(module)
     caches = cache_inputs(values)
-    growing = {name: c for name, c in caches.items() if cache_length(c)}    # not empty: `past` is dynamic
+    # `past` is dynamic from 2 tokens on (torch.export fixes a size of 1: a one-token prompt's first step)
+    growing = {name: c for name, c in caches.items() if cache_length(c) > 1}
     spans = spans_past_and_new(values, cache_length(next(iter(growing.values())))) if growing else {}
     hints = static_new_tokens(values, hints)
     owner = getattr(model_or_fn, "__self__", None)     # a bound method (`model.forward`): its model's caches
@@ -191,7 +193,10 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
         specs.update({name: cache_dynamic_shapes(c, past) for name, c in caches.items()})
         for name, axes in spans.items():
             specs[name] = {**{ax: past + new for ax, new in axes.items()}, **specs.get(name, {})}
-    shapes = {n: specs.get(n) for n in named} if kwargs else tuple(specs.get(n) for n in named)
+    values = dict(zip(named, (*args, *kwargs.values())))
+    static = {n: _static_spec(pytree.tree_structure(values[n])) for n in named} if specs else {}
+    shapes = {n: specs.get(n, static.get(n)) for n in named} if kwargs else \
+        tuple(specs.get(n, static.get(n)) for n in named)
     if kwargs and specs:
         module = _keywords_as_parameters(module, named)
     def export(**options) -> torch.export.ExportedProgram:
@@ -233,6 +238,16 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
         raise CuvilExportError(summarise(e), str(frame) if frame else None, suggested_ranges(e),
                                suggested_multiples(e)) from None
     return ep
+
+
+def _static_spec(tree: pytree.TreeSpec):
+    """torch.export's dynamic shapes for an input kept static, in its own structure: torch takes a
+    bare None for a tensor, but for a container (an encoder's `BaseModelOutput` beside a cache) a
+    dict by key, or a list of its children's."""
+    if tree.is_leaf():
+        return None
+    children = [_static_spec(c) for c in tree.children()]
+    return dict(zip(tree.context, children)) if tree.type is dict else children
 
 
 def _keywords_as_parameters(module: nn.Module, names: list[str]) -> nn.Module:

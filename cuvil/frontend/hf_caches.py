@@ -10,7 +10,11 @@ transformers can go on decoding from. Loading a saved model whose outputs hold a
 them too (the output structure names the class).
 
 A cache passed *in* (a decoding step) compiles: each `DynamicLayer`'s keys and values have one
-dynamic length, `past`, shared by every layer, so one program serves every step; an input that
+dynamic length, `past`, shared by every layer, so one program serves every step (from a length of
+2: torch.export fixes a size of 1, so a one-token prompt's first step compiles static). An
+encoder-decoder model's `EncoderDecoderCache` holds two DynamicCaches: its self-attention's keys
+grow with `past`, its cross-attention's stay the encoder's length (static), and which layers have
+computed theirs (`is_updated`) is part of its structure; an input that
 spans the past and the new tokens (an attention mask) gets the size `past` + new tokens. The
 model appends the step's keys and values to the cache it is given, in place, while a compiled
 call returns new tensors: `write_back` moves them into the caller's cache, and the output holds
@@ -101,8 +105,11 @@ def cache_inputs(values: dict) -> dict:
 
 def _growing_cache(value) -> bool:
     """A DynamicCache of full-attention layers, or of sliding-window ones that are growing or full,
-    that all hold keys and values (a decoding step's), or none (an empty cache the prompt fills)."""
+    that all hold keys and values (a decoding step's), or none (an empty cache the prompt fills);
+    or an encoder-decoder cache of two such (its decoder's self-attention and cross-attention)."""
     from transformers.cache_utils import DynamicLayer
+    if _is_encoder_decoder_cache(value):
+        return all(map(_growing_cache, _parts(value)))
     if not _is_dynamic_cache(value) or \
             any(type(layer) is not DynamicLayer and not _window_growing(layer) and not _window_full(layer)
                 for layer in value.layers):
@@ -130,7 +137,7 @@ def sliding_window_range(caches: dict) -> tuple[int, int | None] | None:
     """The range of `past` over which each sliding-window layer of the caches stays in its state,
     as (lowest, highest or None), or None without a window layer: a growing layer holds every token
     up to its `sliding_window` − 1, and a full one has seen more."""
-    layers = [layer for c in caches.values() for layer in c.layers if _is_window(layer)]
+    layers = [layer for c in _dynamic_caches(list(caches.values())) for layer in c.layers if _is_window(layer)]
     if not layers:
         return None
     return (max((layer.sliding_window for layer in layers if _window_full(layer)), default=0),
@@ -147,7 +154,7 @@ def windows_as_captured(caches: dict):
     layer's count is the length of the tensor in its place, its `+=` makes another, and its mask
     sizes are those of a full window (its `>=` test would fix `past`). The counts are set aside
     from the inputs' structure (`_counts_set_aside`)."""
-    if not any(_is_window(layer) for c in caches.values() for layer in c.layers):
+    if not any(_is_window(layer) for c in _dynamic_caches(list(caches.values())) for layer in c.layers):
         yield
         return
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer as Window
@@ -207,8 +214,7 @@ def _marked(count) -> bool:
 def _counts_set_aside(tree):
     """A growing window layer's count replaced by the mark, a full one's by a tensor of no
     elements as long as the count (an input whose size is `past`)."""
-    windows = [layer for c in pytree.tree_leaves(tree, is_leaf=_is_dynamic_cache) if _is_dynamic_cache(c)
-               for layer in c.layers if _is_window(layer)]
+    windows = [layer for c in _dynamic_caches(tree) for layer in c.layers if _is_window(layer)]
     counts = [layer.__dict__.get("cumulative_length") for layer in windows]
     for layer, count in zip(windows, counts):
         layer.__dict__["cumulative_length"] = torch.empty((count, 0)) if _window_full(layer) else COUNTED_BY_LENGTH
@@ -220,7 +226,9 @@ def _counts_set_aside(tree):
 
 
 def cache_length(cache) -> int:
-    """The tokens a supported cache has seen (0: an empty one): its length, `past`."""
+    """The tokens a supported cache has seen (0: an empty one): its length, `past` (an
+    encoder-decoder cache's: its self-attention's; the cross-attention's is the encoder's length)."""
+    cache = _parts(cache)[0]
     if not cache.layers or not cache.layers[0].is_initialized:
         return 0
     first = cache.layers[0]
@@ -228,12 +236,16 @@ def cache_length(cache) -> int:
 
 
 def new_tokens_axis(values: dict) -> tuple[str, int] | None:
-    """Where a call counts its new tokens: `input_ids`' last axis or `inputs_embeds`' second."""
-    ids, embeds = values.get("input_ids"), values.get("inputs_embeds")
+    """Where a call counts its new tokens: `input_ids`' last axis or `inputs_embeds`' second (an
+    encoder-decoder model's `decoder_input_ids` and `decoder_inputs_embeds`)."""
+    decoder = "decoder_input_ids" in values or "decoder_inputs_embeds" in values
+    ids, embeds = (values.get("decoder_input_ids"), values.get("decoder_inputs_embeds")) if decoder else \
+        (values.get("input_ids"), values.get("inputs_embeds"))
+    names = ("decoder_input_ids", "decoder_inputs_embeds") if decoder else ("input_ids", "inputs_embeds")
     if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
-        return "input_ids", ids.dim() - 1
+        return names[0], ids.dim() - 1
     if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
-        return "inputs_embeds", 1
+        return names[1], 1
     return None
 
 
@@ -253,7 +265,7 @@ def static_new_tokens(values: dict, hints: dict) -> dict:
     and the new tokens: that input's size would be past + new tokens, both dynamic, which is no
     size torch.export can declare (a derived dim has one root). Such a step's new tokens stay
     static (before an example grows a dynamic size 1 to 2, which would break the sum)."""
-    caches = [v for v in values.values() if _is_dynamic_cache(v) and _growing_cache(v) and cache_length(v)]
+    caches = [v for v in values.values() if _is_cache(v) and _growing_cache(v) and cache_length(v)]
     where = new_tokens_axis(values)
     if not caches or where is None or where[1] not in hints.get(where[0], {}) \
             or not spans_past_and_new(values, cache_length(caches[0])):
@@ -265,9 +277,12 @@ def static_new_tokens(values: dict, hints: dict) -> dict:
 def cache_dynamic_shapes(cache, past) -> list:
     """torch.export's dynamic shapes for a cache input (its window layers' counts set aside): one
     entry per pytree leaf, the keys' and values' sequence axis (-2 of [batch, heads, tokens, head
-    dim]) as `past`, but a full window's (static), and the length of a full window's count."""
-    full = [layer for layer in cache.layers if isinstance(layer.__dict__.get("cumulative_length"), torch.Tensor)]
-    static = {id(t) for layer in full for t in (layer.keys, layer.values)}
+    dim]) as `past`, but a full window's (static) and an encoder-decoder cache's cross-attention's
+    (the encoder's length, static), and the length of a full window's count."""
+    parts = _parts(cache)
+    full = [layer for c in parts for layer in c.layers if isinstance(layer.__dict__.get("cumulative_length"), torch.Tensor)]
+    static = {id(t) for layer in full + (parts[1].layers if len(parts) > 1 else [])
+              if getattr(layer, "is_initialized", False) for t in (layer.keys, layer.values)}
     counts = {id(layer.__dict__["cumulative_length"]) for layer in full}
     return [{0: past} if id(leaf) in counts else None if id(leaf) in static or leaf.dim() != 4 else {2: past}
             for leaf in pytree.tree_leaves(cache)]
@@ -278,22 +293,30 @@ def write_back(args: tuple, kwargs: dict, out):
     after giving it the returned one's state. The model appended this call's keys and values to the
     cache it was given, in place; a compiled call returns new tensors, so the caller's cache
     becomes what eager PyTorch would have left: the same object, holding the longer keys and values."""
-    given = [x for x in (*args, *kwargs.values()) if _is_dynamic_cache(x)]
+    given = [x for x in (*args, *kwargs.values()) if _is_cache(x)]
     if not given:
         return out
-    returned = [x for x in pytree.tree_leaves(out, is_leaf=_is_dynamic_cache) if _is_dynamic_cache(x)]
+    returned = [x for x in pytree.tree_leaves(out, is_leaf=_is_cache) if _is_cache(x)]
     for mine, new in zip(given, returned, strict=True):
-        if not mine.layers:         # an empty cache (made without a config): the model made its layers
-            mine.layers.extend(new.layers)
-        for layer, state in zip(mine.layers, new.layers, strict=True):
-            layer.__dict__.update(state.__dict__)
-            if _is_window(layer):    # a growing one's count is its length, a full one's the length returned
-                count = layer.__dict__["cumulative_length"]
-                layer.cumulative_length = count.shape[0] if isinstance(count, torch.Tensor) else layer.keys.shape[-2]
-                keep = layer.sliding_window - 1     # and a growing one keeps its window's last tokens, as eager's
-                layer.keys, layer.values = layer.keys[:, :, -keep:, :], layer.values[:, :, -keep:, :]
+        for part, state in zip(_parts(mine), _parts(new), strict=True):
+            _take_state(part, state)
+        if _is_encoder_decoder_cache(mine):     # which layers' cross-attention keys are computed
+            mine.is_updated = dict(new.is_updated)
     swap = dict(zip(map(id, returned), given))
-    return pytree.tree_map(lambda x: swap.get(id(x), x), out, is_leaf=_is_dynamic_cache)
+    return pytree.tree_map(lambda x: swap.get(id(x), x), out, is_leaf=_is_cache)
+
+
+def _take_state(mine, new) -> None:
+    """A DynamicCache's layers given the state of the returned one's."""
+    if not mine.layers:         # an empty cache (made without a config): the model made its layers
+        mine.layers.extend(new.layers)
+    for layer, state in zip(mine.layers, new.layers, strict=True):
+        layer.__dict__.update(state.__dict__)
+        if _is_window(layer):    # a growing one's count is its length, a full one's the length returned
+            count = layer.__dict__["cumulative_length"]
+            layer.cumulative_length = count.shape[0] if isinstance(count, torch.Tensor) else layer.keys.shape[-2]
+            keep = layer.sliding_window - 1     # and a growing one keeps its window's last tokens, as eager's
+            layer.keys, layer.values = layer.keys[:, :, -keep:, :], layer.values[:, :, -keep:, :]
 
 
 def returns_each_cache(out_spec, caches: dict) -> None:
@@ -308,17 +331,36 @@ def returns_each_cache(out_spec, caches: dict) -> None:
 
 
 def _count_caches(spec) -> int:
-    if spec.type is not None and _is_dynamic_cache_type(spec.type):
+    if spec.type is not None and _is_cache_type(spec.type):
         return 1
     return sum(_count_caches(c) for c in spec.children())
 
 
-def _is_dynamic_cache_type(cls) -> bool:
-    return cls.__name__ == "DynamicCache" and cls.__module__ == CACHE_MODULE
+def _is_cache_type(cls) -> bool:
+    """A cache type Cuvil compiles with: DynamicCache, or EncoderDecoderCache (of two DynamicCaches)."""
+    return cls.__name__ in ("DynamicCache", "EncoderDecoderCache") and cls.__module__ == CACHE_MODULE
+
+
+def _is_cache(x) -> bool:
+    return _is_cache_type(type(x))
 
 
 def _is_dynamic_cache(x) -> bool:
-    return _is_dynamic_cache_type(type(x))
+    return type(x).__name__ == "DynamicCache" and type(x).__module__ == CACHE_MODULE
+
+
+def _is_encoder_decoder_cache(x) -> bool:
+    return type(x).__name__ == "EncoderDecoderCache" and type(x).__module__ == CACHE_MODULE
+
+
+def _parts(cache) -> list:
+    """The DynamicCaches of a cache: itself, or an encoder-decoder cache's self- and cross-attention."""
+    return [cache.self_attention_cache, cache.cross_attention_cache] if _is_encoder_decoder_cache(cache) else [cache]
+
+
+def _dynamic_caches(tree) -> list:
+    """The DynamicCaches in a pytree of inputs, those inside encoder-decoder caches too."""
+    return [part for c in pytree.tree_leaves(tree, is_leaf=_is_cache) if _is_cache(c) for part in _parts(c)]
 
 
 def _holds(value) -> bool:

@@ -366,6 +366,51 @@ def test_generate_with_a_compiled_forward(name):
     assert compiled.num_variants == (2 if name == "llama" else 3)
 
 
+SEQ2SEQ = {
+    "bart": lambda: transformers.BartForConditionalGeneration(transformers.BartConfig(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100, max_position_embeddings=64)),
+    "t5": lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=100, decoder_start_token_id=0,
+        pad_token_id=0, eos_token_id=1)),
+}
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_an_encoder_decoder_generates_as_eager(name):
+    """generate on a compiled forward of an encoder-decoder model: its decoder's cache is an
+    EncoderDecoderCache (self-attention keys growing with `past`, cross-attention keys as long as
+    the encoder's output and computed at the first step), which was refused by name. Three
+    programs: the first step's (empty caches), the second's (`past` 1, which torch.export fixes),
+    and every later step's; every step's logits are eager's."""
+    model = randomize(SEQ2SEQ[name]())
+    ids = torch.randint(2, 100, (2, 12), generator=torch.Generator().manual_seed(7))
+    options = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, num_beams=1, output_logits=True,
+                   return_dict_in_generate=True)
+    with torch.no_grad():
+        want = model.generate(ids, **options)
+        model.forward = compiled = cuvil.compile(model.forward, cache=False)
+        got = model.generate(ids, **options)
+    assert torch.equal(got.sequences, want.sequences)
+    for mine, eager in zip(got.logits, want.logits, strict=True):     # every step's logits, not only their argmax
+        torch.testing.assert_close(mine, eager, rtol=0, atol=1e-5 * float(eager.abs().max()))
+    assert compiled.num_variants == 3
+
+
+def test_a_one_token_prompt_decodes_as_eager():
+    """The first step after a one-token prompt has a cache of length 1, which torch.export fixes
+    (it failed: "Cannot create Dim with inconsistent min=1, max=1"); it compiles static, and the
+    steps after it dynamic."""
+    model = randomize(DECODERS["llama"]())
+    ids = torch.randint(1, 100, (1, 1), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        model.forward = compiled = cuvil.compile(model.forward, cache=False)
+        got = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert compiled.num_variants == 3
+
+
 MIXTURES = {
     "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
