@@ -22,17 +22,18 @@ the caller's object, as in eager PyTorch (an empty cache given with the prompt i
 A sliding window's layers (`DynamicSlidingWindowLayer`: Mistral, Gemma 2 and 3, Phi-3) count
 the tokens seen in a Python int, `cumulative_length`, which torch.export would take as a constant of
 the program. A layer is in one of two states, and each state's steps share a program:
-- growing: it holds every token it has seen, and behaves as a full layer. While a step is captured
-  (`windows_as_captured`) its count is read from the keys' length, which is `past`, and `past`'s
-  range ends where the step would fill the smallest window (`sliding_window_range`);
-- full: it holds its last `sliding_window` − 1 tokens, a static length, and counts more. Its count,
+- growing: it holds every token it has seen (at most `sliding_window` − 1), and behaves as a full
+  layer. While a step is captured (`windows_as_captured`) its count is read from the keys' length,
+  which is `past`, whose range ends at the smallest such window less one (`sliding_window_range`);
+  after the call its keys are cropped to the window's last tokens, as eager's are, so a step may
+  fill the window part way;
+- full: it holds its last `sliding_window` − 1 tokens, a static length, of more counted. Its count,
   `past`, is the length of a tensor of no elements put in the int's place while the step is captured
   and at each call (`_counts_set_aside`), and the count after the step the length of another that
-  the program returns; `past`'s range starts at the window's size less one.
+  the program returns; `past`'s range starts at the window's size.
 The counts are set aside from the inputs' structure (`flatten_like`) so that each step's cache has
-the same one, and after a call they are set from the keys or the returned length (`write_back`). A
-step that fills a window in the middle of it (more new tokens than it has room left) is refused by
-name, as are other caches (a static cache writes into fixed buffers).
+the same one, and after a call they are set from the keys or the returned length (`write_back`).
+Other caches are refused by name (a static cache writes into fixed buffers).
 """
 from __future__ import annotations
 
@@ -93,12 +94,12 @@ def cache_inputs(values: dict) -> dict:
             layers = sorted({type(layer).__name__ for layer in getattr(value, "layers", ())})
             what = f"a {type(value).__name__}" + (f" of {', '.join(layers)} layers" if layers else "")
             raise CacheInputError(
-                f"input '{name}' is {what}, which Cuvil does not compile with: only a DynamicCache whose "
-                f"layers are all DynamicLayer (full attention, holding keys and values) or DynamicSlidingWindowLayer "
+                f"input '{name}' is {what}, which Cuvil does not compile with: only a DynamicCache (or an "
+                f"EncoderDecoderCache of two) whose layers are all DynamicLayer (full attention, holding keys and values) or DynamicSlidingWindowLayer "
                 f"(not recording its past) is supported. The model updates the cache it is given in place; Cuvil "
                 f"writes the keys and values a call returns back into those layers, but others keep more state (a "
-                f"fixed buffer, or the past states a window records for a later crop). Pass fallback='eager' to run the calls with this cache "
-                f"in PyTorch")
+                f"fixed buffer, or the past states a window records for a later crop). Pass fallback='eager' to run "
+                f"the calls with this cache in PyTorch")
         found[name] = value
     return found
 
@@ -149,8 +150,8 @@ def windows_as_captured(caches: dict):
     """While a step with sliding-window caches is captured, each window layer counts the tokens it
     has seen in a size: a growing layer acts as the full-attention layer it is until its window
     fills (its count is its keys' length; the model's `+=` to it is dropped, the keys grow
-    instead, and it keeps every token: its crop to the window's last tokens keeps them all over
-    the range of `past`, but torch.export would fix `past` deciding where the crop starts); a full
+    instead, and it keeps every token: torch.export would fix `past` deciding where the crop to
+    the window's last tokens starts, so `write_back` crops after the call); a full
     layer's count is the length of the tensor in its place, its `+=` makes another, and its mask
     sizes are those of a full window (its `>=` test would fix `past`). The counts are set aside
     from the inputs' structure (`_counts_set_aside`)."""
