@@ -9,8 +9,9 @@
   is indices x rows, meant for the small permutations models invert (a mixture of experts'
   `inv_perm[perm] = arange`); an index out of range, torch's error, leaves its value out. Other
   forms keep the op, which Cuvil then refuses by name.
-- `aten.scatter` (of a value or of a tensor) and `aten.scatter_add` whose index has the input's
-  sizes but along `dim`: the same comparison, along `dim` (a router's `scatter(-1, top, -inf)`).
+- `aten.scatter` (of a value or of a tensor) and `aten.scatter_add` of a static index that fits
+  in the input (torch's rule): the same comparison along `dim`, over the part of the input the
+  index reaches, padded to the input's sizes (a router's `scatter(-1, top, -inf)`).
 - `transformers::grouped_mm_fallback`: a mixture of experts' grouped product (transformers'
   default `grouped_mm` experts on a CPU), rows sorted by expert and `offs` the running count of
   each expert's rows: Cuvil's own `cuvil::grouped_mm`, imported as `cuvil.grouped_matmul` (one GEMM
@@ -61,17 +62,26 @@ def _names_along(index: torch.Tensor, dim: int, size: int) -> torch.Tensor:
 
 
 def _scatter_form(x: torch.Tensor, dim: int, index: torch.Tensor) -> int | None:
-    """`dim` made positive where the index has x's sizes but along it, else None."""
-    dim = dim % max(x.dim(), 1)
-    same = index.dim() == x.dim() and all(index.shape[d] == x.shape[d] for d in range(x.dim()) if d != dim)
-    return dim if same and x.dim() > 0 else None
+    """`dim` made positive where the index fits in x but along `dim` (torch's rule), else None."""
+    if x.dim() == 0 or index.dim() != x.dim():
+        return None
+    dim = dim % x.dim()
+    fits = all(isinstance(index.shape[d], int) and index.shape[d] <= x.shape[d] for d in range(x.dim()) if d != dim)
+    return dim if fits else None
+
+
+def _to_input(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`part` (over the part of x the index reaches: its extent along every dim) padded with 0 to
+    x's sizes."""
+    pads = [p for d in reversed(range(x.dim())) for p in (0, x.shape[d] - part.shape[d])]
+    return torch.nn.functional.pad(part, pads) if any(pads) else part
 
 
 def scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value) -> torch.Tensor:
     if (dim := _scatter_form(x, dim, index)) is None:
         return NotImplemented
-    hit = _names_along(index, dim, x.shape[dim]).any(dim)
-    return torch.where(hit, torch.scalar_tensor(value, dtype=x.dtype), x)
+    hit = _to_input(_names_along(index, dim, x.shape[dim]).any(dim).to(torch.int8), x)
+    return torch.where(hit > 0, torch.scalar_tensor(value, dtype=x.dtype), x)
 
 
 def scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
@@ -81,7 +91,7 @@ def scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tenso
     order = torch.arange(1, index.shape[dim] + 1, device=x.device).reshape([-1] + [1] * (x.dim() - dim))
     last = (_names_along(index, dim, x.shape[dim]) * order).amax(dim)          # 0: no index names it
     taken = torch.gather(src, dim, (last - 1).clamp(min=0))
-    return torch.where(last > 0, taken, x)
+    return torch.where(_to_input(last, x) > 0, _to_input(taken, x), x)
 
 
 def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
@@ -89,7 +99,7 @@ def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tenso
         return NotImplemented
     src = src[tuple(slice(0, n) for n in index.shape)].to(x.dtype)
     names = _names_along(index, dim, x.shape[dim])
-    return x + torch.where(names, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim)
+    return x + _to_input(torch.where(names, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim), x)
 
 
 @torch.library.custom_op("cuvil::grouped_mm", mutates_args=())

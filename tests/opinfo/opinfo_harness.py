@@ -125,8 +125,12 @@ def run_cuvil(fn: Callable, tensors: list[torch.Tensor]) -> CuvilRun:
         native = pytree.tree_leaves(model(*tensors))
     report = model.report
 
+    # the importer's constants, and those the passes made (fold-constants' `folded.*`) in the
+    # compiled copy of its module
+    constants = {**seen.constants, **model.imported.module.constants}
+
     def interpreted(ir: str) -> list[torch.Tensor]:
-        return interpret(parse(ir), *tensors, constants=seen.constants)
+        return interpret(parse(ir), *tensors, constants=constants)
     return CuvilRun({"interpreter (imported IR)": interpreted(report.input_ir),
                      "interpreter (after O1)": interpreted(report.output_ir), "native": native}, seen.rows)
 

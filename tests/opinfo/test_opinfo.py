@@ -1,7 +1,8 @@
 """PyTorch's OpInfo samples (torch 2.13 `op_db`) through Cuvil, against eager.
 
 `OPINFOS` maps every row of the frontend's `ATEN_TABLE` to the OpInfos whose samples reach it
-after torch.export; `skips.UNMAPPED` explains the rows no OpInfo reaches. `TESTED_DTYPES` says in
+after torch.export, `DECOMPOSED` every op Cuvil decomposes itself; `skips.UNMAPPED` explains the
+rows no OpInfo reaches. `TESTED_DTYPES` says in
 which dtypes each OpInfo runs (float32, plus the integer and bool dtypes where both the OpInfo and
 Cuvil's op support them). Every sample must match eager through the imported IR, the O1 IR and the
 native code, or be refused with a CuvilError that `skips.REFUSALS` lists with a reason; `skips.NOT_RUN`
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from cuvil.frontend.aten_table import ATEN_TABLE
+from cuvil.frontend.decompositions import cuvil_decompositions
 from cuvil.frontend.importer import op_name
 
 import skips
@@ -261,6 +263,16 @@ OPINFOS: dict[str, list[str]] = {
     "getitem": ["split", "max[reduction_with_dim]"],
 }
 
+# Cuvil's own decompositions (frontend/decompositions.py: ops with no row, written in ops that have
+# one) -> the OpInfos whose samples reach them
+DECOMPOSED: dict[str, list[str]] = {
+    "aten.scatter.value": ["scatter"],
+    "aten.scatter.src": ["scatter"],
+    "aten.scatter_add.default": ["scatter_add"],
+    "aten.index_put.default": ["index_put"],
+    "aten.histc.default": ["histc"],
+}
+
 F = (f32,)
 FI = (f32, i64)
 FIB = (f32, i64, b8)
@@ -299,7 +311,7 @@ OUTPUTS: dict[str, tuple[int, ...]] = {
 
 
 def mapped_opinfos() -> list[str]:
-    return sorted({k for keys in OPINFOS.values() for k in keys})
+    return sorted({k for keys in (*OPINFOS.values(), *DECOMPOSED.values()) for k in keys})
 
 
 CASES = [(key, dt) for key in mapped_opinfos() for dt in TESTED_DTYPES.get(key, F)]
@@ -340,6 +352,11 @@ def test_every_aten_row_is_mapped_or_explained():
     both = sorted(set(OPINFOS) & set(skips.UNMAPPED))
     assert not both, f"rows both mapped and explained as unmapped: {both}"
     assert all(reason.strip() for reason in skips.UNMAPPED.values())
+
+
+def test_every_decomposition_of_cuvils_is_mapped():
+    aten_ops = {op_name(t) for t in cuvil_decompositions() if t.namespace == "aten"}
+    assert aten_ops == set(DECOMPOSED)
 
 
 def test_every_mapped_opinfo_exists():
