@@ -24,7 +24,9 @@ _GATHERS = {
     "cuvil.index_select": lambda op: [(op.operands[1], op.attrs["dim"])],
     "cuvil.gather": lambda op: [(op.operands[1], op.attrs["dim"])],
     "cuvil.index": lambda op: [(v, k) for k, v in enumerate(op.operands[1:])],
+    "cuvil.index_put": lambda op: [(op.operands[1], 0)],      # a row it writes: checked as a gather's
 }
+_FROM_THE_END = ("cuvil.index", "cuvil.index_put")       # negative indices count from the end
 _INDEX_DTYPES = ("i64", "i32")
 
 
@@ -48,7 +50,7 @@ def index_bounds(fn: Function) -> dict[int, IndexBound]:
             arg = _source_argument(index)
             if arg is None or not isinstance(n, int):
                 continue
-            lo = -n if op.name == "cuvil.index" else 0      # advanced indexing counts negatives from the end
+            lo = -n if op.name in _FROM_THE_END else 0
             bound = IndexBound(lo, n - 1, _describe(op, dim, n))
             old = out.get(arg.index)
             if old is not None:     # read by several gathers: what every one of them accepts

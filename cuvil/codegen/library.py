@@ -260,16 +260,16 @@ def conv2d_direct(lw, op, idx):
 
 # ----------------------------------------------------------------------------- GEMM-based ops
 
-def _raw_buffer(lw, op):
+def _raw_buffer(lw, op, dtype: DType = DType.f32):
     """The buffer that receives the op's raw product: its own output, the group's single output
     (the epilogue then runs in place), or scratch."""
     r = op.result
     if id(r) in lw.outputs:
         return lw.outputs[id(r)][1]
     outs = list(lw.outputs.values())
-    if len(outs) == 1 and outs[0][1].dtype == DType.f32 and outs[0][0].type.rank == r.type.rank:
+    if len(outs) == 1 and outs[0][1].dtype == dtype and outs[0][0].type.rank == r.type.rank:
         return outs[0][1]
-    return lw.scratch(DType.f32, r.type.shape)
+    return lw.scratch(dtype, r.type.shape)
 
 
 def _require_f32(op, operands=None):
@@ -999,6 +999,38 @@ def grouped_matmul(lw, op):
     lw.loop("e", E, expert, parallel=True)
 
 
+def index_put(lw, op):
+    """`x[index] = values` (or `+=`): x copied to the result, then the indices in order, each
+    writing (or adding) its row of values at the row it names. In order, so the last of repeated
+    indices wins as in torch's CPU loop, and the cost is one pass over x and one over values (a
+    comparison of every index with every row would cost their product). The row is a scalar read
+    at run time (`Let`), negative ones counted from the end; a row outside x makes the row loop's
+    extent 0 (its address clamped into x all the same)."""
+    x, index, values = op.operands
+    T = _raw_buffer(lw, op, x.type.dtype)
+    lw.materialized[id(op.result)] = lambda idx: Load(T, idx)
+    I = lw.inputs[id(index)]
+    R, *rest = x.type.shape
+    names = [f"c{d}" for d in range(len(rest))]
+    _loops(lw, ["r", *names], [R, *rest], lambda *idx: lw.emit(Store(T, list(idx), cast(lw.value(x, list(idx)), T.dtype))))
+    i64 = DType.i64
+
+    def put(i):
+        given = lw.let(cast(Load(I, [i]), i64), "row")
+        row = lw.let(call("select", call("lt", given, Const(0, i64)), call("add", given, Index(R)), given), "row")
+        inside = lw.let(cast(call("and", call("ge", row, Const(0, i64)), call("lt", row, Index(R))), i64), "inside")
+        at = sympy.Min(sympy.Max(scalar_index(row.name), 0), sympy.sympify(R) - 1)
+
+        def element(*cols):
+            v = lw.value(values, [i, *cols])
+            if op.attrs["accumulate"]:
+                v = call("add", cast(Load(T, [at, *cols]), v.dtype), v)
+            lw.emit(Store(T, [at, *cols], cast(v, T.dtype)))
+        lw.loop("k", scalar_index(inside.name), lambda _: _loops(lw, names, rest, element))
+    lw.loop("i", index.type.shape[0], put)
+    _epilogue(lw, [(0, d) for d in x.type.shape])
+
+
 def _log_add_exp(a, b):
     """log(exp(a) + exp(b)) without overflow: the larger plus log1p(exp(smaller - larger)); an
     infinite larger or a -inf smaller is the answer itself (their difference would be NaN)."""
@@ -1071,7 +1103,8 @@ WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
               "cuvil.adaptive_avg_pool2d": adaptive_avg_pool2d, "cuvil.adaptive_max_pool2d": adaptive_max_pool2d,
               "cuvil.conv2d": conv2d_direct}
 LIBRARY = {"cuvil.linear": linear, "cuvil.matmul": matmul, "cuvil.conv2d": conv2d, "cuvil.sdpa": sdpa,
-           "cuvil.argtopk": argtopk, "cuvil.grouped_matmul": grouped_matmul, **dict.fromkeys(SCANS, scan)}
+           "cuvil.argtopk": argtopk, "cuvil.grouped_matmul": grouped_matmul,
+           "cuvil.index_put": index_put, **dict.fromkeys(SCANS, scan)}
 
 
 def gathered_operands(op: Operation) -> list:

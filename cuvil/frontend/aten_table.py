@@ -1228,6 +1228,37 @@ def index(L: Lowering, x, indices):
     return L.op("cuvil.permute", y, perm=perm)
 
 
+def index_put(L: Lowering, x, indices, values, accumulate=False):
+    """`x[idx] = values` (and `+=` with accumulate) by one 1-d index tensor: `cuvil.index_put`,
+    values cast to x's dtype and broadcast to one row per index. Along another dim (`x[:, idx] =
+    v`) the indexed dim is permuted to the front and back (copies)."""
+    picked = [d for d, i in enumerate(indices) if i is not None]
+    if len(picked) != 1:
+        L.unsupported("index_put through more than one index tensor (Cuvil writes the slices of one dim "
+                      "named by one index tensor)")
+    (d,), index = picked, indices[picked[0]]
+    if index.type.dtype is DType.bool:
+        L.unsupported("a bool mask as the index (the rows it selects depend on its values)")
+    if index.type.rank != 1:
+        L.unsupported(f"an index of rank {index.type.rank} (Cuvil's index_put takes a 1-d index)")
+    if accumulate and x.type.dtype is DType.bool:
+        L.unsupported("accumulating into a bool tensor")
+    shape = list(x.type.shape)
+    shape[d] = index.type.shape[0]          # the indexed slices, in x's order of dims
+    values = L.cast(values, x.type.dtype)
+    if values.type.rank > len(shape):       # leading dims of size 1 (torch broadcasts them away)
+        values = L.op("cuvil.reshape", values, shape=list(values.type.shape[values.type.rank - len(shape):]))
+    if list(values.type.shape) != shape:
+        values = L.op("cuvil.expand", values, shape=shape)
+    if d == 0:
+        return L.op("cuvil.index_put", x, index, values, accumulate=bool(accumulate))
+    front = [d] + [a for a in range(x.type.rank) if a != d]
+    back = [front.index(a) for a in range(x.type.rank)]
+    y = L.op("cuvil.index_put", L.op("cuvil.permute", x, perm=front), index, L.op("cuvil.permute", values, perm=front),
+             accumulate=bool(accumulate))
+    return L.op("cuvil.permute", y, perm=back)
+
+
 def arange(L: Lowering, start, end, step=1, *_):
     start, end, step = (int(v) if isinstance(v, bool) else v for v in (start, end, step))   # torch takes bools
     counts_up = isinstance(start, int) and isinstance(step, int) and step > 0
@@ -1541,6 +1572,7 @@ ATEN_TABLE = {
     aten.index_select.default: index_select,
     aten.gather.default: gather,
     aten.index.Tensor: index,
+    aten.index_put.default: index_put,
     aten.triu.default: triangle("cuvil.triu"),
     aten.tril.default: triangle("cuvil.tril"),
     # tensor factories

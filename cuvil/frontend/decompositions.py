@@ -3,15 +3,9 @@
 
 - `aten.histc` with a given range: each value's bin compared with every bin and counted (a
   histogram of few bins, such as a mixture of experts' tokens per expert).
-- `aten.index_put` by one index tensor along the first dim (`x[idx] = v`, `x[idx] += v`): each
-  row of the result compared with every index, taking the value of the last index that names it
-  (torch leaves the order of repeated indices unspecified) or, accumulating, their sum. The cost
-  is indices x rows, meant for the small permutations models invert (a mixture of experts'
-  `inv_perm[perm] = arange`); an index out of range, torch's error, leaves its value out. Other
-  forms keep the op, which Cuvil then refuses by name.
 - `aten.scatter` (of a value or of a tensor) and `aten.scatter_add` of a static index that fits
-  in the input (torch's rule): the same comparison along `dim`, over the part of the input the
-  index reaches, padded to the input's sizes (a router's `scatter(-1, top, -inf)`).
+  in the input (torch's rule): each position along `dim` compared with every index (the cost
+  is their product: meant for few positions), over the part of the input the index reaches, padded to the input's sizes (a router's `scatter(-1, top, -inf)`).
 - `transformers::grouped_mm_fallback`: a mixture of experts' grouped product (transformers'
   default `grouped_mm` experts on a CPU), rows sorted by expert and `offs` the running count of
   each expert's rows: Cuvil's own `cuvil::grouped_mm`, imported as `cuvil.grouped_matmul` (one GEMM
@@ -36,22 +30,6 @@ def histc(x: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) 
     inside = (flat >= min) & (flat <= max)
     hits = (at.unsqueeze(-1) == torch.arange(bins, device=x.device)) & inside.unsqueeze(-1)
     return hits.sum(0).to(x.dtype)
-
-
-def index_put(x: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False):
-    if len(indices) != 1 or indices[0] is None or indices[0].dim() != 1 or indices[0].dtype not in (torch.int64, torch.int32):
-        return NotImplemented
-    rows = x.shape[0]
-    at = indices[0].long() % rows                                           # torch counts -1 from the end
-    values = values.to(x.dtype).expand(at.shape[0], *x.shape[1:])
-    names = at.unsqueeze(-1) == torch.arange(rows, device=x.device)        # [index, row]
-    if accumulate:
-        added = (names.to(x.dtype).transpose(0, 1).reshape(rows, -1, 1) * values.reshape(1, at.shape[0], -1)).sum(1)
-        return x + added.reshape(x.shape)
-    last = (names * torch.arange(1, at.shape[0] + 1, device=x.device).unsqueeze(-1)).amax(0)     # 0: none
-    taken = values[(last - 1).clamp(min=0)]
-    hit = (last > 0).reshape(rows, *([1] * (x.dim() - 1)))
-    return torch.where(hit, taken, x)
 
 
 def _names_along(index: torch.Tensor, dim: int, size: int) -> torch.Tensor:
@@ -124,7 +102,7 @@ def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> 
 
 
 def cuvil_decompositions() -> dict:
-    table = {aten.histc.default: histc, aten.index_put.default: index_put, aten.scatter.value: scatter_value,
+    table = {aten.histc.default: histc, aten.scatter.value: scatter_value,
              aten.scatter.src: scatter_src, aten.scatter_add.default: scatter_add}
     if "transformers" in sys.modules and hasattr(torch.ops, "transformers") \
             and hasattr(torch.ops.transformers, "grouped_mm_fallback"):

@@ -238,6 +238,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.squeeze.dims": ["squeeze[multiple]"],
     "aten.index_select.default": ["index_select"],
     "aten.gather.default": ["gather"],
+    "aten.index_put.default": ["index_put"],
     "aten.index.Tensor": ["__getitem__"],
     "aten.triu.default": ["triu"],
     "aten.tril.default": ["tril"],
@@ -269,7 +270,6 @@ DECOMPOSED: dict[str, list[str]] = {
     "aten.scatter.value": ["scatter"],
     "aten.scatter.src": ["scatter"],
     "aten.scatter_add.default": ["scatter_add"],
-    "aten.index_put.default": ["index_put"],
     "aten.histc.default": ["histc"],
 }
 

@@ -1,50 +1,10 @@
 """Cuvil's own decompositions (cuvil/frontend/decompositions.py), compiled natively against eager
-PyTorch: `x[idx] = v` and `x.index_put_(..., accumulate=True)` by an index tensor, `torch.histc`
-with a range. (The grouped product of a mixture of experts is compared in
-tests/differential/test_hf_models.py, on Mixtral.)"""
+PyTorch: `torch.histc` with a range, `scatter` and `scatter_add`. (The grouped product of a
+mixture of experts is compared in tests/differential/test_hf_models.py, on Mixtral.)"""
 import pytest
 import torch
 
 import cuvil
-
-
-def put(x, idx, v):
-    out = x.clone()
-    out[idx] = v
-    return out
-
-
-def put_added(x, idx, v):
-    return x.clone().index_put_((idx,), v, accumulate=True)
-
-
-def inverse_permutation(perm):
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.shape[0])
-    return inv
-
-
-def test_assignment_through_an_index_tensor():
-    g = torch.Generator().manual_seed(0)
-    x, v = torch.randn(9, 5, generator=g), torch.randn(4, 5, generator=g)
-    idx = torch.tensor([7, -1, 2, 0])                        # -1 is the last row
-    torch.testing.assert_close(cuvil.compile(put)(x, idx, v), put(x, idx, v), rtol=0, atol=0)
-    scalar = cuvil.compile(lambda x, idx: put(x, idx, 2.5))   # a value broadcast to every row named
-    torch.testing.assert_close(scalar(x, idx), put(x, idx, 2.5), rtol=0, atol=0)
-
-
-def test_accumulation_through_repeated_indices():
-    g = torch.Generator().manual_seed(1)
-    x, v = torch.randn(6, 3, generator=g), torch.randn(7, 3, generator=g)
-    idx = torch.tensor([1, 4, 1, 1, 0, 4, 5])
-    torch.testing.assert_close(cuvil.compile(put_added)(x, idx, v), put_added(x, idx, v))
-
-
-@pytest.mark.parametrize("n", [5, 13, 40])
-def test_the_inverse_of_a_permutation_at_dynamic_sizes(n):
-    compiled = cuvil.compile(inverse_permutation, dynamic={"perm": {0: "n"}})
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(n))
-    assert torch.equal(compiled(perm), inverse_permutation(perm))
 
 
 def test_a_histogram_with_a_range():

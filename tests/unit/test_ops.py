@@ -917,6 +917,25 @@ def test_grouped_matmul():
         build("cuvil.grouped_matmul", [T(F32, 5, 2), T(F32, 3, 2, 2), T(DType.i64, 4)])
 
 
+def test_index_put():
+    """Rows named by the index replaced (the last of repeated indices wins, -1 is the last row) or
+    added to; an index outside the rows changes nothing. Hand-checked."""
+    x = torch.zeros(4, 2)
+    index = torch.tensor([1, -1, 1, 7])
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [9.0, 9.0]])
+    types, (out,) = run("cuvil.index_put", [x, index, values], types=[T(F32, s0, 2), T(DType.i64, 4), T(F32, 4, 2)])
+    assert types == ["tensor<s0x2xf32>"]
+    assert out.tolist() == [[0, 0], [5, 6], [0, 0], [3, 4]]
+    _, (added,) = run("cuvil.index_put", [x, index, values], {"accumulate": True})
+    assert added.tolist() == [[0, 0], [6, 8], [0, 0], [3, 4]]
+    with pytest.raises(CuvilVerifyError, match="index must be an integer tensor"):
+        build("cuvil.index_put", [T(F32, 4, 2), T(F32, 3), T(F32, 3, 2)])
+    with pytest.raises(CuvilVerifyError, match=r"values tensor<3x3xf32> must have shape \[3, 2\]"):
+        build("cuvil.index_put", [T(F32, 4, 2), T(DType.i64, 3), T(F32, 3, 3)])
+    with pytest.raises(CuvilVerifyError, match="values are i64, x is f32"):
+        build("cuvil.index_put", [T(F32, 4, 2), T(DType.i64, 3), T(DType.i64, 3, 2)])
+
+
 def test_copy():
     x = randn(3, 4).t()
     types, (out,) = run("cuvil.copy", [x], types=[T(F32, 4, s0)])

@@ -144,6 +144,9 @@ cuvil.func @nn(%x: tensor<s0x3x17x17xf32>, %tokens: tensor<s0x5xi64>, %q: tensor
   %experts = cuvil.const @experts.weight : tensor<4x12x12xf32>
   %offsets = cuvil.const @experts.offsets : tensor<4xi32>
   %12 = cuvil.grouped_matmul %emb, %experts, %offsets : (tensor<100x12xf32>, tensor<4x12x12xf32>, tensor<4xi32>) -> tensor<100x12xf32>
+  %rows = cuvil.reshape %tokens {shape = [-1]} : tensor<s0x5xi64> -> tensor<(5*s0)xi64>
+  %vals = cuvil.reshape %7 {shape = [-1, 12]} : tensor<s0x5x12xf32> -> tensor<(5*s0)x12xf32>
+  %13 = cuvil.index_put %emb, %rows, %vals {accumulate = true} : (tensor<100x12xf32>, tensor<(5*s0)xi64>, tensor<(5*s0)x12xf32>) -> tensor<100x12xf32>
   cuvil.return %5, %10, %11 : tensor<s0x6x3x3xf32>, tensor<s0x5x12xf32>, tensor<s0x2x5x8xf32>
 }
 """

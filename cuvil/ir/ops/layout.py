@@ -1,5 +1,5 @@
 """Layout ops: views (reshape, permute, expand, slice, flip, unfold, split, squeeze, unsqueeze, select),
-cat, slice_scatter, pad, index_select, gather, triu/tril and copy."""
+cat, slice_scatter, index_put, pad, index_select, gather, triu/tril and copy."""
 from __future__ import annotations
 
 import sympy
@@ -201,6 +201,40 @@ class SliceScatterOp(OpDef):
     @staticmethod
     def evaluate(attrs, x, src):
         return torch.slice_scatter(x, src, attrs["dim"], attrs["start"][0], attrs["end"][0], attrs["step"])
+
+
+@register_op
+class IndexPutOp(OpDef):
+    """x with rows replaced through one index tensor along dim 0 (torch's `x[index] = values`,
+    index_put): row index[i] of the result is values[i], the last i that names it where several
+    do (torch's CPU loop writes them in order), or with `accumulate` x's row plus every values[i]
+    that names it. Negative indices count from the end; one outside the rows changes nothing
+    (eager raises: an index argument is checked at the call, cuvil/index_inputs.py). values is
+    [len(index), *x.shape[1:]], of x's dtype."""
+    name = "cuvil.index_put"
+    operands = ("x", "index", "values")
+    attrs = {"accumulate": optional("bool", False)}
+    tags = frozenset({"opaque"})
+
+    @staticmethod
+    def infer(types, attrs):
+        x, index, values = types
+        require_integer(index, "index")
+        if x.rank < 1 or index.rank != 1:
+            raise ValueError(f"index_put needs x of rank >= 1 and a 1-d index, got {types_str(types)}")
+        want = (index.shape[0],) + x.shape[1:]
+        if values.rank != len(want) or not all(dims_equal(a, b) for a, b in zip(values.shape, want)):
+            raise ValueError(f"index_put: values {values} must have shape {shape_str(want)} (the index's length, "
+                             f"then x's rows)")
+        if values.dtype != x.dtype:
+            raise ValueError(f"index_put: values are {values.dtype}, x is {x.dtype} (cast them first)")
+        return [x]
+
+    @staticmethod
+    def evaluate(attrs, x, index, values):
+        rows = x.shape[0]
+        inside = (index >= -rows) & (index < rows)
+        return torch.index_put(x, (index[inside],), values[inside], accumulate=attrs["accumulate"])
 
 
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
