@@ -33,6 +33,7 @@ import sympy
 from ..errors import CuvilVerifyError
 from ..ir.types import DType, Dim, norm_dim, sym
 from ..ir.ops.nn import PANEL_WIDTHS
+from ..ir.ops.reduction import TOPK_ORDERS
 from .index_math import fold_divisions
 
 ROLES = ("in", "out", "scratch")
@@ -449,11 +450,15 @@ TOPK_DTYPES = (DType.f32, DType.i64, DType.i32, DType.i8)    # the runtime's cuv
 TOPK_INTS = ("n", "stride", "k", "dst_stride")
 
 
+# the runtime's mode bit of each order of equal values (`cuvil.argtopk`'s; native/src/select.h)
+TOPK_ORDER_BITS = dict(zip(TOPK_ORDERS, (0, 2, 4)))
+
+
 @dataclass
 class TopK(Stmt):
     """dst[j * dst_stride] for j < k = the index of the j-th element of the row src[i * stride],
-    i < n, in torch.topk's order: the largest first (the smallest with `largest` false), NaN above
-    every number, equal values by index. One call of the runtime's `cuvil_topk_<dtype>`."""
+    i < n: the largest first (the smallest with `largest` false), NaN above every number, equal
+    values as `order` says (`cuvil.argtopk`'s). One call of the runtime's `cuvil_topk_<dtype>`."""
     dst: BufRef
     src: BufRef
     n: Dim
@@ -461,10 +466,13 @@ class TopK(Stmt):
     k: Dim
     dst_stride: Dim
     largest: bool = True
+    order: str = "stable"
 
     def __post_init__(self):
         for name in TOPK_INTS:
             setattr(self, name, as_index(getattr(self, name)))
+        if self.order not in TOPK_ORDER_BITS:
+            raise ValueError(f"topk order must be one of {', '.join(TOPK_ORDERS)}, not {self.order!r}")
         if self.dst.buf.dtype != DType.i64:
             raise ValueError(f"topk writes i64 indices, not {self.dst.buf.dtype} (%{self.dst.buf.name})")
         if self.src.buf.dtype not in TOPK_DTYPES:
@@ -474,6 +482,11 @@ class TopK(Stmt):
     @property
     def symbol(self) -> str:
         return f"cuvil_topk_{self.src.buf.dtype.value}"
+
+    @property
+    def mode(self) -> int:
+        """The runtime's mode argument: CUVIL_TOPK_LARGEST and the order's bit."""
+        return int(self.largest) | TOPK_ORDER_BITS[self.order]
 
 
 # ----------------------------------------------------------------------------- kernels

@@ -214,7 +214,8 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
         elif isinstance(s, TopK):
             refs = [_ref_str(r, getattr(s, r), names) for r in ("dst", "src")]
             ints = [f"{f}={index_str(getattr(s, f))}" for f in TOPK_INTS]
-            lines.append(f"{pad}topk {', '.join(refs + ints + [f'largest={str(s.largest).lower()}'])}")
+            order = [f"order={s.order}"] if s.order != "stable" else []
+            lines.append(f"{pad}topk {', '.join(refs + ints + [f'largest={str(s.largest).lower()}'] + order)}")
         else:
             raise TypeError(f"unknown statement {s!r}")
 
@@ -568,7 +569,7 @@ class _Parser:
     def topk(self):
         tok = self.next()
         fields = self.call_fields("topk", {"dst": "ref", "src": "ref", **dict.fromkeys(TOPK_INTS, "index"),
-                                           "largest": "bool"})
+                                           "largest": "bool", "order": "word"})
         missing = [f for f in ("dst", "src") + TOPK_INTS if f not in fields]
         if missing:
             raise self.error(f"topk is missing {', '.join(missing)}", tok)
@@ -599,6 +600,8 @@ class _Parser:
                 if not width.text.isdigit():
                     raise self.error(f"expected a whole number, got {width.text!r}", width)
                 fields[key.text] = int(width.text)
+            elif kind == "word":
+                fields[key.text] = self.expect_kind("ident", "a word").text
             elif kind == "bool":
                 v = self.expect_kind("ident", "true or false")
                 if v.text not in ("true", "false"):

@@ -965,7 +965,7 @@ def argtopk(lw, op):
         idx = decompose(lw.known, p, others)
         first = idx[:d] + [0] + idx[d:]
         lw.emit(TopK(BufRef(T, T.offset(first)[0]), BufRef(X, X.offset(first)[0]), n, X.element_strides()[d], k,
-                     T.element_strides()[d], largest=op.attrs["largest"]))
+                     T.element_strides()[d], largest=op.attrs["largest"], order=op.attrs["order"]))
         _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, k)] + [(i, 1) for i in idx[d:]])
     lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
 

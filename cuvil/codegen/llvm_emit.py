@@ -130,7 +130,7 @@ class ModuleBuilder:
         return fn
 
     def topk_function(self, symbol: str) -> ir.Function:
-        """The runtime's `void cuvil_topk_<dtype>(ptr x, i64 n, i64 stride, i64 k, i32 largest,
+        """The runtime's `void cuvil_topk_<dtype>(ptr x, i64 n, i64 stride, i64 k, i32 mode,
         ptr out, i64 out_stride)` (native/src/select.h)."""
         fn = self.module.globals.get(symbol)
         if fn is None:
@@ -594,7 +594,7 @@ class KernelEmitter:
     def topk(self, s: TopK) -> None:
         self.b.call(self.mb.topk_function(s.symbol), [
             self._ref_ptr(s.src), self.index(s.n), self.index(s.stride), self.index(s.k),
-            ir.Constant(I32, int(s.largest)), self._ref_ptr(s.dst), self.index(s.dst_stride)])
+            ir.Constant(I32, s.mode), self._ref_ptr(s.dst), self.index(s.dst_stride)])
 
     def _sgemm(self, s: Gemm) -> None:
         b = self.b

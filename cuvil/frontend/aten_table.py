@@ -520,25 +520,25 @@ def min_dim(L: Lowering, x, dim, keepdim=False):
     return values, arg_reduction("cuvil.argmin")(L, ordered, dim, keepdim)
 
 
-def _argtopk(L: Lowering, x, d: int, k, largest: bool):
+def _argtopk(L: Lowering, x, d: int, k, largest: bool, order: str = "stable"):
     """`cuvil.argtopk` over x (half floats widened, exactly, for the runtime's topk)."""
     if x.type.dtype is DType.bool:
         L.unsupported("a bool tensor (torch has no topk or sort for it either)")
     keys = L.cast(x, DType.f32) if x.type.dtype in (DType.f16, DType.bf16) else x
-    return L.op("cuvil.argtopk", keys, k=k, dim=d, largest=largest)
+    return L.op("cuvil.argtopk", keys, k=k, dim=d, largest=largest, order=order)
 
 
 def topk(L: Lowering, x, k, dim=-1, largest=True, sorted=True):
     """The k largest (or smallest) elements along `dim` and their indices, in torch's order: NaN
-    above every number, equal values by their index. (`sorted=False` lets torch return any order;
-    this returns the sorted one.)"""
+    above every number, equal values as torch.topk's CPU kernel leaves them (and with
+    `sorted=False` every value in its order)."""
     rank = x.type.rank
     if rank == 0:
         x = _vector(L, x)
     if isinstance(k, sympy.Basic):
         L.unsupported(f"a symbolic k ({k})")
     d = L.axis(dim, x.type.rank)
-    indices = _argtopk(L, x, d, k, largest)
+    indices = _argtopk(L, x, d, k, largest, "topk" if sorted else "topk_unsorted")
     values = L.op("cuvil.gather", x, indices, dim=d)
     if rank == 0:
         values, indices = (L.op("cuvil.reshape", v, shape=[]) for v in (values, indices))

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace cuvil {
@@ -160,19 +161,74 @@ void topk_row(const T* x, int64_t n, int64_t stride, int64_t k, int64_t* out, in
     topk<largest, Wide>(x, n, stride, k, out, out_stride);
 }
 
+// torch.topk's own CPU algorithm (ATen's topk_impl_loop), step for step: (value, index) pairs of
+// the whole row, std::partial_sort of the first k when k * 64 <= n, else std::nth_element at k - 1
+// then (sorted) std::sort of the first k - 1, by a comparator under which equal values (and any
+// two NaNs, and -0 with +0) are unordered. Which of equal values these standard algorithms put
+// first depends only on their steps, so this gives eager's indices where values tie.
+template <bool largest, class T>
+void torch_topk(const T* x, int64_t n, int64_t stride, int64_t k, bool sorted, int64_t* out, int64_t out_stride) {
+    using E = std::pair<T, int64_t>;
+    static thread_local std::vector<E> queue;
+    queue.resize(n);
+    for (int64_t i = 0; i < n; ++i) queue[i] = E(x[i * stride], i);
+    auto nan = [](T v) {
+        if constexpr (std::is_floating_point_v<T>) return v != v;
+        else return false;
+    };
+    auto first = [&](const E& a, const E& b) {
+        return largest ? (nan(a.first) && !nan(b.first)) || a.first > b.first
+                       : (!nan(a.first) && nan(b.first)) || a.first < b.first;
+    };
+    const int64_t take = std::min(k, n);
+    if (take > 0) {
+        if (take * 64 <= n) {
+            std::partial_sort(queue.begin(), queue.begin() + take, queue.end(), first);
+        } else {
+            std::nth_element(queue.begin(), queue.begin() + take - 1, queue.end(), first);
+            if (sorted) std::sort(queue.begin(), queue.begin() + take - 1, first);
+        }
+    }
+    for (int64_t j = 0; j < take; ++j) out[j * out_stride] = queue[j].second;
+    for (int64_t j = take; j < k; ++j) out[j * out_stride] = 0;
+}
+
+// Whether equal values decide the sorted top k written at out (in index order among them): two
+// of them equal (neighbours, being sorted), or the last equal to a value left out.
+template <class T>
+bool ties_decide(const T* x, int64_t n, int64_t stride, int64_t take, const int64_t* out, int64_t out_stride) {
+    auto key = [&](int64_t j) { return ordered(x[out[j * out_stride] * stride]); };
+    for (int64_t j = 1; j < take; ++j) {
+        if (key(j) == key(j - 1)) return true;
+    }
+    if (take == 0 || take == n) return false;
+    const auto last = key(take - 1);
+    int64_t equal = 0;
+    for (int64_t i = 0; i < n; ++i) equal += ordered(x[i * stride]) == last;
+    return equal > 1;
+}
+
 }  // namespace
 
 template <class T>
-void row(const void* x, int64_t n, int64_t stride, int64_t k, int32_t largest, int64_t* out, int64_t out_stride) {
-    (largest ? topk_row<true, T> : topk_row<false, T>)(static_cast<const T*>(x), n, stride, k, out, out_stride);
+void row(const void* x, int64_t n, int64_t stride, int64_t k, int32_t mode, int64_t* out, int64_t out_stride) {
+    const T* v = static_cast<const T*>(x);
+    const bool largest = mode & CUVIL_TOPK_LARGEST;
+    if (mode & CUVIL_TOPK_UNSORTED) {       // torch's order is its algorithm's even without ties
+        return (largest ? torch_topk<true, T> : torch_topk<false, T>)(v, n, stride, k, false, out, out_stride);
+    }
+    (largest ? topk_row<true, T> : topk_row<false, T>)(v, n, stride, k, out, out_stride);
+    if ((mode & CUVIL_TOPK_TORCH_ORDER) && ties_decide(v, n, stride, std::min(k, n), out, out_stride)) {
+        (largest ? torch_topk<true, T> : torch_topk<false, T>)(v, n, stride, k, true, out, out_stride);
+    }
 }
 }  // namespace cuvil
 
 // one C entry per key type (select.h)
 #define CUVIL_TOPK(name, T)                                                                              \
-    void name(const void* x, int64_t n, int64_t stride, int64_t k, int32_t largest, int64_t* out,         \
+    void name(const void* x, int64_t n, int64_t stride, int64_t k, int32_t mode, int64_t* out,            \
               int64_t out_stride) {                                                                      \
-        cuvil::row<T>(x, n, stride, k, largest, out, out_stride);                                        \
+        cuvil::row<T>(x, n, stride, k, mode, out, out_stride);                                           \
     }
 
 extern "C" {

@@ -32,14 +32,31 @@ def test_topk_matches_torch_along_any_dim(largest, dim):
 
 @pytest.mark.parametrize("largest", [True, False])
 def test_nan_infinities_and_ties_in_torch_order(largest):
-    # torch counts NaN above every number; among equal values the order of indices is not
-    # specified, so the indices are checked to hold the values, each once
+    # torch counts NaN above every number; equal values (NaNs, -0 and +0 too) come in the order
+    # torch.topk's CPU kernel leaves them, which its selection's steps decide: eager's indices
     x = torch.tensor([[1.0, NAN, 3.0, 3.0, -INF, NAN, 0.0, INF],
                       [2.0, 2.0, 2.0, -INF, -INF, 5.0, 1.0, -0.0],
                       [NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN]])
-    compiled = cuvil.compile(lambda x: torch.topk(x, 8, largest=largest))
-    values, indices = compiled(x)
-    assert_selection(values, indices, x, 1, torch.topk(x, 8, largest=largest).values)
+    for k in (1, 3, 8):
+        values, indices = cuvil.compile(lambda x: torch.topk(x, k, largest=largest))(x)
+        ref = torch.topk(x, k, largest=largest)
+        assert_selection(values, indices, x, 1, ref.values)
+        assert torch.equal(indices, ref.indices)
+
+
+@pytest.mark.parametrize("n", [8, 100, 640, 32000])
+def test_equal_values_pick_eagers_indices(n):
+    """A router whose scores tie (a zero-initialised gate: every score 0.5) picks the experts eager
+    picks: torch.topk's CPU kernel selects with std::partial_sort (k * 64 <= n) or std::nth_element,
+    and the runtime repeats those steps where equal values decide the result. Unsorted too."""
+    g = torch.Generator().manual_seed(n)
+    rows = torch.stack([torch.full((n,), 0.5), torch.randint(0, 3, (n,), generator=g).float(),
+                        torch.randint(-1, 2, (n,), generator=g) * 0.0])     # ties, and -0 with +0
+    for k in (k for k in (1, 2, 6, 50) if k <= n):
+        for sorted_ in (True, False):
+            def f(x):
+                return torch.topk(x, k, dim=1, sorted=sorted_)
+            assert torch.equal(cuvil.compile(f)(rows).indices, f(rows).indices), (k, sorted_)
 
 
 def test_sort_and_argsort_keep_equal_values_in_order():
@@ -60,6 +77,7 @@ def test_integer_tensors_and_their_extreme_values():
     for largest in (True, False):
         values, indices = cuvil.compile(lambda x: torch.topk(x, 6, largest=largest))(x)
         assert_selection(values, indices, x, 1, torch.topk(x, 6, largest=largest).values)
+        assert torch.equal(indices, torch.topk(x, 6, largest=largest).indices)
 
 
 def test_dynamic_batch_and_row_length():
@@ -75,7 +93,7 @@ def test_dynamic_batch_and_row_length():
 
 
 def stable_order(x, dim, descending):
-    """torch's order with equal values by index: what Cuvil returns (torch.topk leaves ties open)."""
+    """torch's order with equal values by index: what Cuvil's sort returns."""
     return torch.sort(x, dim=dim, descending=descending, stable=True)
 
 
@@ -89,9 +107,9 @@ def test_long_rows_and_large_k_in_one_call_per_row(largest):
     for k in (1, 50, 5000):
         compiled = cuvil.compile(lambda x: torch.topk(x, k, largest=largest))
         values, indices = compiled(x)
-        ref = stable_order(x, 1, largest)
-        torch.testing.assert_close(values, ref.values[:, :k], equal_nan=True, rtol=0, atol=0)
-        assert torch.equal(indices, ref.indices[:, :k])
+        ref = torch.topk(x, k, largest=largest)
+        torch.testing.assert_close(values, ref.values, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(indices, ref.indices)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.float16, torch.bfloat16])
@@ -126,6 +144,12 @@ def test_the_topk_statement_along_a_strided_dim_prints_parses_and_runs():
     x = torch.randint(-4, 4, (40, 7)).float()
     out = run(graph, compile_graphs([graph]), x)
     assert torch.equal(out, torch.sort(x, dim=0, stable=True).indices[:5])
+    graph = Graph("argtopk1", lambda b, x: b.create("cuvil.argtopk", [x], {"k": 5, "dim": 0, "order": "topk"}).result,
+                  [T(40, 7)])
+    text = print_kernels(graph.kernels)
+    assert "topk dst=%y0[p], src=%a0[p], n=40, stride=7, k=5, dst_stride=7, largest=true, order=topk" in text
+    assert print_kernels(parse_kernels(text)) == text
+    assert torch.equal(run(graph, compile_graphs([graph]), x), torch.topk(x, 5, dim=0).indices)
 
 
 def test_what_topk_and_sort_refuse_says_why():

@@ -897,6 +897,14 @@ def test_argtopk():
         build("cuvil.argtopk", [T(F32, 2, 5)], {"k": 6, "dim": 1})
     with pytest.raises(CuvilVerifyError, match="x cannot be a bool tensor"):
         build("cuvil.argtopk", [T(DType.bool, 4)], {"k": 1, "dim": 0})
+    ties = torch.tensor([[0.5] * 8, [1.0, 0.0, 1.0, 1.0, -0.0, 1.0, 0.0, 1.0]])
+    for order, sorted_ in (("topk", True), ("topk_unsorted", False)):    # equal values as torch.topk leaves them
+        _, (eager,) = run("cuvil.argtopk", [ties], {"k": 3, "dim": 1, "order": order})
+        assert eager.tolist() == torch.topk(ties, 3, dim=1, sorted=sorted_).indices.tolist()
+    with pytest.raises(CuvilVerifyError, match="order must be one of stable, topk, topk_unsorted"):
+        build("cuvil.argtopk", [T(F32, 2, 5)], {"k": 2, "dim": 1, "order": "random"})
+    with pytest.raises(CuvilVerifyError, match="order 'topk' needs a k"):
+        build("cuvil.argtopk", [T(F32, 2, 5)], {"dim": 1, "order": "topk"})
 
 
 def test_grouped_matmul():

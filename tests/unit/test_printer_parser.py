@@ -112,7 +112,7 @@ cuvil.func @reductions(%x: tensor<s0x16x8xf32>) -> (tensor<s0x1x8xf32>, tensor<f
   %18 = cuvil.cummin %17 {dim = 1} : tensor<s0x16xf32> -> tensor<s0x16xf32>
   %19 = cuvil.cumargmax %18 {dim = 1} : tensor<s0x16xf32> -> tensor<s0x16xi64>
   %20 = cuvil.cumargmin %4 {dim = 0} : tensor<s0x16xf32> -> tensor<s0x16xi64>
-  %21 = cuvil.argtopk %4 {k = 3, dim = 1} : tensor<s0x16xf32> -> tensor<s0x3xi64>
+  %21 = cuvil.argtopk %4 {k = 3, dim = 1, order = "topk"} : tensor<s0x16xf32> -> tensor<s0x3xi64>
   %22 = cuvil.argtopk %x {dim = 2, largest = false} : tensor<s0x16x8xf32> -> tensor<s0x16x8xi64>
   cuvil.return %12, %13, %6, %7 : tensor<s0x1x8xf32>, tensor<f32>, tensor<s0xi64>, tensor<i64>
 }

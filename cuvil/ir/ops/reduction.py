@@ -181,19 +181,30 @@ CumargminOp = scan("cumargmin", lambda x, dim: torch.cummin(x, dim).indices, _in
                    "The index of cummin's element: torch.cummin's indices.")
 
 
+TOPK_ORDERS = ("stable", "topk", "topk_unsorted")
+
+
 @register_op
 class ArgtopkOp(OpDef):
     """Indices of the `k` largest elements along `dim` (the smallest with `largest` false; the
-    whole row, sorted, when `k` is none), in torch.topk's order: NaN above every number, equal
-    values by index. topk, sort, argsort, kthvalue and median gather their values at these."""
+    whole row, sorted, when `k` is none), NaN above every number. Equal values by `order`:
+    "stable" by index (torch.sort's order; sort, argsort, kthvalue and median), "topk" as
+    torch.topk's CPU kernel leaves them (its selection's steps decide), "topk_unsorted" all in the
+    order of torch.topk(sorted=False). topk, sort, argsort, kthvalue and median gather their
+    values at these."""
     name = "cuvil.argtopk"
     operands = ("x",)
-    attrs = {"k": optional("int?"), "dim": required("int"), "largest": optional("bool", True)}
+    attrs = {"k": optional("int?"), "dim": required("int"), "largest": optional("bool", True),
+             "order": optional("str", "stable")}
 
     @staticmethod
     def infer(types, attrs):
         (x,) = types
         require_not_bool(x, "x")
+        if attrs["order"] not in TOPK_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(TOPK_ORDERS)}, not {attrs['order']!r}")
+        if attrs["order"] != "stable" and attrs["k"] is None:
+            raise ValueError(f"order {attrs['order']!r} needs a k (torch.topk's)")
         d, k = check_axis(attrs["dim"], x.rank), attrs["k"]
         n = x.shape[d]
         if k is None:
@@ -204,6 +215,9 @@ class ArgtopkOp(OpDef):
 
     @staticmethod
     def evaluate(attrs, x):
+        if attrs["order"] != "stable":
+            return torch.topk(x, attrs["k"], dim=attrs["dim"], largest=attrs["largest"],
+                              sorted=attrs["order"] == "topk").indices
         # a stable sort keeps equal values in index order; torch's sort puts NaN above numbers
         order = torch.sort(x, dim=attrs["dim"], descending=attrs["largest"], stable=True).indices
         return order if attrs["k"] is None else order.narrow(attrs["dim"], 0, attrs["k"])
