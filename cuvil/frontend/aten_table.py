@@ -76,7 +76,7 @@ def _reduced_axes(L: Lowering, dims, x) -> list[int]:
 
 
 def reduction_all(name: str):
-    """sum/mean of every element (`sum.default`, `mean.default`)."""
+    """sum/mean/max/min of every element (`sum.default`, `mean.default`, `max.default`, `min.default`)."""
     def row(L: Lowering, x, *_):
         return L.op(name, L.cast(x, L.out_dtype()), dims=[], keepdim=False)
     return row
@@ -1465,6 +1465,8 @@ ATEN_TABLE = {
     aten.mean.default: reduction_all("cuvil.mean"),
     aten.mean.dim: reduction("cuvil.mean"),
     aten.amax.default: reduction("cuvil.amax"),
+    aten.max.default: reduction_all("cuvil.amax"),
+    aten.min.default: reduction_all("cuvil.amin"),
     aten.amin.default: reduction("cuvil.amin"),
     aten.prod.default: reduction_all("cuvil.prod"),
     aten.prod.dim_int: reduction("cuvil.prod"),

@@ -172,7 +172,7 @@ class ImportedGraph:
 
 def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
                  hints: dict[str, dict[int, str]], default_max: int) -> ImportedGraph:
-    _check_outputs(ep)
+    outputs = _user_outputs(ep)
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     user_specs = [s for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
     tensor_positions = [i for i, s in enumerate(user_specs) if isinstance(s.arg, TensorArgument)]
@@ -190,7 +190,7 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
         if node.op == "call_function":
             env[node] = _lower(lowering, table, node, env)
         elif node.op == "output":
-            _return(lowering, env, node)
+            _return(lowering, env, node, outputs)
         elif node.op != "placeholder":
             raise CuvilUnsupportedOpError(f"FX {node.op} node", None, f"node '{node.name}'")
     fn.symbols.update(symbols.ranges)       # as ops' constant bounds narrowed them
@@ -284,21 +284,29 @@ def _other_inputs(ep, placeholders: dict) -> dict:
     return out
 
 
-def _return(lowering: Lowering, env: dict, node: torch.fx.Node) -> None:
+def _return(lowering: Lowering, env: dict, node: torch.fx.Node, outputs: list[int]) -> None:
     lowering.node, lowering.frame = node, None
-    results = [_operand(lowering, env, a, f"output {i}") for i, a in enumerate(node.args[0])]
+    results = [_operand(lowering, env, node.args[0][k], f"output {i}") for i, k in enumerate(outputs)]
     for i, r in enumerate(results):
         if not isinstance(r, Value):
             raise CuvilUnsupportedOpError("non-tensor output", None, f"output {i} is {r!r}; Cuvil returns tensors only")
     lowering.builder.create("cuvil.return", results)
 
 
-def _check_outputs(ep) -> None:
-    for spec in ep.graph_signature.output_specs:
-        if spec.kind is not OutputKind.USER_OUTPUT:
+def _user_outputs(ep) -> list[int]:
+    """The positions of the graph's outputs the caller gets. A buffer 'mutation' that writes back
+    the buffer itself (`self.b = self.b.to(device, dtype)` with the ones it has: CTRL's positional
+    encoding) changes nothing and is left out; any other is refused."""
+    buffers = {s.target: s.arg.name for s in ep.graph_signature.input_specs if s.kind is InputKind.BUFFER}
+    outputs = []
+    for k, spec in enumerate(ep.graph_signature.output_specs):
+        if spec.kind is OutputKind.USER_OUTPUT:
+            outputs.append(k)
+        elif spec.kind is not OutputKind.BUFFER_MUTATION or spec.arg.name != buffers.get(spec.target):
             raise CuvilUnsupportedOpError(
                 "mutation", None, f"the model updates '{spec.target}' in place ({spec.kind.name.lower()}); "
                 "Cuvil imports pure inference functions")
+    return outputs
 
 
 def _operand(lowering: Lowering, env: dict, a, where: str):

@@ -91,3 +91,28 @@ def test_observable_mutations_are_not_rewritten(fn):
 def test_the_rewrite_counts_each_unobservable_op():
     program = torch.export.export(Residual().eval(), (torch.randn(4, 6),))
     assert functionalize_local_inplace(program.graph) == 3
+
+
+class BufferReassigned(nn.Module):
+    """CTRL's `self.pos_encoding = self.pos_encoding.to(device, dtype)`: torch.export records a
+    buffer mutation whose new value is the buffer itself."""
+
+    def __init__(self, counting: bool = False):
+        super().__init__()
+        self.counting = counting
+        self.register_buffer("table", torch.arange(12.0).reshape(6, 2))
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, positions):
+        self.table = self.table.to(device=positions.device, dtype=torch.float32)
+        if self.counting:
+            self.calls += 1         # a real mutation: every call changes the buffer
+        return self.table[positions] * 2
+
+
+def test_a_buffer_reassigned_to_itself_is_no_mutation_and_a_real_one_is_refused():
+    positions = torch.tensor([[3, 0, 5]])
+    model = BufferReassigned().eval()
+    torch.testing.assert_close(cuvil.compile(model)(positions), model(positions), rtol=0, atol=0)
+    with pytest.raises(cuvil.CuvilError, match=r"updates 'calls' in place \(buffer_mutation\)"):
+        cuvil.compile(BufferReassigned(counting=True).eval())(positions)
