@@ -451,14 +451,15 @@ TOPK_INTS = ("n", "stride", "k", "dst_stride")
 
 
 # the runtime's mode bit of each order of equal values (`cuvil.argtopk`'s; native/src/select.h)
-TOPK_ORDER_BITS = dict(zip(TOPK_ORDERS, (0, 2, 4)))
+TOPK_ORDER_BITS = dict(zip(TOPK_ORDERS, (0, 2, 4, 8)))
 
 
 @dataclass
 class TopK(Stmt):
     """dst[j * dst_stride] for j < k = the index of the j-th element of the row src[i * stride],
     i < n: the largest first (the smallest with `largest` false), NaN above every number, equal
-    values as `order` says (`cuvil.argtopk`'s). One call of the runtime's `cuvil_topk_<dtype>`."""
+    values as `order` says (`cuvil.argtopk`'s; `kthvalue` writes dst[0] alone, the k-th smallest).
+    One call of the runtime's `cuvil_topk_<dtype>`."""
     dst: BufRef
     src: BufRef
     n: Dim

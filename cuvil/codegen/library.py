@@ -958,7 +958,8 @@ def argtopk(lw, op):
     T = lw.outputs[id(r)][1] if id(r) in lw.outputs else lw.scratch(DType.i64, r.type.shape)
     lw.materialized[id(r)] = lambda idx: Load(T, idx)
     d = op.attrs["dim"]
-    n, k = x.type.shape[d], r.type.shape[d]
+    n, kept = x.type.shape[d], r.type.shape[d]
+    k = op.attrs["k"] if op.attrs["order"] == "kthvalue" else kept     # (kthvalue's: the k-th alone)
     others = [s for a, s in enumerate(x.type.shape) if a != d]
 
     def row(p):
@@ -966,7 +967,7 @@ def argtopk(lw, op):
         first = idx[:d] + [0] + idx[d:]
         lw.emit(TopK(BufRef(T, T.offset(first)[0]), BufRef(X, X.offset(first)[0]), n, X.element_strides()[d], k,
                      T.element_strides()[d], largest=op.attrs["largest"], order=op.attrs["order"]))
-        _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, k)] + [(i, 1) for i in idx[d:]])
+        _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, kept)] + [(i, 1) for i in idx[d:]])
     lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
 
 

@@ -558,14 +558,25 @@ def sort_stable(L: Lowering, x, stable=None, dim=-1, descending=False):
 
 
 def kthvalue(L: Lowering, x, k, dim=-1, keepdim=False):
-    """The k-th smallest along `dim` (NaN counted above every number): topk's last pick."""
-    values, indices = topk(L, x, k, dim, largest=False)
-    d = L.axis(dim, values.type.rank) if values.type.rank else None
-    if d is None:
+    """The k-th smallest along `dim` (NaN counted above every number); of equal values the one
+    torch.kthvalue's quickselect picks."""
+    return _kth(L, x, k, dim, keepdim, "kthvalue")
+
+
+def _kth(L: Lowering, x, k, dim, keepdim: bool, order: str):
+    """The k-th smallest along `dim` and its index: `cuvil.argtopk` in `order` ("kthvalue": the
+    k-th alone; "stable": the k smallest, the last of them the k-th)."""
+    rank = x.type.rank
+    x1 = _vector(L, x) if rank == 0 else x
+    d = L.axis(dim, x1.type.rank)
+    indices = _argtopk(L, x1, d, k, False, order)
+    if order != "kthvalue":
+        indices = slice_(L, indices, d, k - 1, k)
+    values = L.op("cuvil.gather", x1, indices, dim=d)
+    if rank and keepdim:
         return values, indices
-    out = [slice_(L, v, d, k - 1, k) for v in (values, indices)]
-    return tuple(out) if keepdim else tuple(L.op("cuvil.reshape", v, shape=[s for i, s in enumerate(v.type.shape)
-                                                                            if i != d]) for v in out)
+    shape = [s for i, s in enumerate(values.type.shape) if i != d]
+    return tuple(L.op("cuvil.reshape", v, shape=shape) for v in (values, indices))
 
 
 def _flat(L: Lowering, x):
@@ -581,7 +592,7 @@ def median_dim(L: Lowering, x, dim=-1, keepdim=False):
     n = x.type.shape[d] if x.type.rank else 1
     if not isinstance(n, int):
         L.unsupported(f"a row of symbolic length ({n}): Cuvil needs the median's position when compiling")
-    values, indices = kthvalue(L, x, (n - 1) // 2 + 1, dim, keepdim)
+    values, indices = _kth(L, x, (n - 1) // 2 + 1, dim, keepdim, "stable")     # torch's median: the lowest index
     if not x.type.dtype.is_float:
         return values, indices
     nan = binary("cuvil.ne")(L, x, x)

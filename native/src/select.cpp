@@ -193,6 +193,53 @@ void torch_topk(const T* x, int64_t n, int64_t stride, int64_t k, bool sorted, i
     for (int64_t j = take; j < k; ++j) out[j * out_stride] = 0;
 }
 
+// torch.kthvalue's CPU algorithm, step for step: the quickselect ATen keeps from TH (Sedgewick's
+// partition, a median-of-three pivot) over copies of the row and its indices, selecting the k-th
+// smallest (NaN above every number). Its index alone goes out: of equal values, the one eager picks.
+template <class T>
+void torch_kthvalue(const T* x, int64_t n, int64_t stride, int64_t k, int64_t* out) {
+    static thread_local std::vector<T> v;
+    static thread_local std::vector<int64_t> at;
+    v.resize(n);
+    at.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+        v[i] = x[i * stride];
+        at[i] = i;
+    }
+    auto above = [](T a, T b) {
+        if constexpr (std::is_floating_point_v<T>) return (a != a && b == b) || a > b;
+        else return a > b;
+    };
+    auto swap = [&](int64_t i, int64_t j) {
+        std::swap(v[i], v[j]);
+        std::swap(at[i], at[j]);
+    };
+    const int64_t want = k - 1;
+    int64_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        if (hi == lo + 1) {
+            if (above(v[lo], v[hi])) swap(lo, hi);
+            break;
+        }
+        swap((lo + hi) >> 1, lo + 1);
+        if (above(v[lo + 1], v[hi])) swap(lo + 1, hi);
+        if (above(v[lo], v[hi])) swap(lo, hi);
+        if (above(v[lo + 1], v[lo])) swap(lo + 1, lo);
+        int64_t i = lo + 1, j = hi;
+        const T pivot = v[lo];
+        while (true) {
+            do ++i; while (above(pivot, v[i]));
+            do --j; while (above(v[j], pivot));
+            if (j < i) break;
+            swap(i, j);
+        }
+        swap(lo, j);
+        if (j <= want) lo = i;
+        if (j >= want) hi = j - 1;
+    }
+    *out = k >= 1 && k <= n ? at[k - 1] : 0;
+}
+
 // Whether equal values decide the sorted top k written at out (in index order among them): two
 // of them equal (neighbours, being sorted), or the last equal to a value left out.
 template <class T>
@@ -214,6 +261,7 @@ template <class T>
 void row(const void* x, int64_t n, int64_t stride, int64_t k, int32_t mode, int64_t* out, int64_t out_stride) {
     const T* v = static_cast<const T*>(x);
     const bool largest = mode & CUVIL_TOPK_LARGEST;
+    if (mode & CUVIL_TOPK_KTHVALUE) return torch_kthvalue(v, n, stride, k, out);
     if (mode & CUVIL_TOPK_UNSORTED) {       // torch's order is its algorithm's even without ties
         return (largest ? torch_topk<true, T> : torch_topk<false, T>)(v, n, stride, k, false, out, out_stride);
     }

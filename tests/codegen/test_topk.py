@@ -71,6 +71,26 @@ def test_sort_and_argsort_keep_equal_values_in_order():
         assert torch.equal(argsort(x), torch.argsort(x, dim=1, descending=descending, stable=True))
 
 
+@pytest.mark.parametrize("n", [2, 5, 33, 1000])
+def test_kthvalue_and_median_of_equal_values_pick_eagers_index(n):
+    """Of equal values, kthvalue gives the index torch.kthvalue's quickselect (ATen's, from TH)
+    picks, which the runtime repeats step for step; median gives the lowest index, as torch's
+    nth_element by (value, index) does. NaN and -0 too."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(0, 3, (3, n), generator=g).float()
+    x[0, 0], x[1, -1] = -0.0, NAN
+    for k in sorted({1, 2, (n + 1) // 2, n}):
+        for f in (lambda x: torch.kthvalue(x, k, dim=1), lambda x: torch.kthvalue(x.t(), k, dim=0, keepdim=True)):
+            got, want = cuvil.compile(f)(x), f(x)
+            torch.testing.assert_close(got.values, want.values, equal_nan=True, rtol=0, atol=0)
+            assert torch.equal(got.indices, want.indices), k
+    got, want = cuvil.compile(lambda x: torch.median(x, dim=1))(x), torch.median(x, dim=1)
+    assert torch.equal(got.indices, want.indices)
+    ints = torch.randint(-2, 2, (2, n), generator=g)
+    assert torch.equal(cuvil.compile(lambda x: torch.kthvalue(x, 1, dim=1))(ints).indices,
+                       torch.kthvalue(ints, 1, dim=1).indices)
+
+
 def test_integer_tensors_and_their_extreme_values():
     info = torch.iinfo(torch.int32)
     x = torch.tensor([[info.min, 5, info.max, -2, info.min, 0], [7, 7, 7, info.max, info.max, 1]], dtype=torch.int32)

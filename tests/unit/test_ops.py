@@ -901,10 +901,15 @@ def test_argtopk():
     for order, sorted_ in (("topk", True), ("topk_unsorted", False)):    # equal values as torch.topk leaves them
         _, (eager,) = run("cuvil.argtopk", [ties], {"k": 3, "dim": 1, "order": order})
         assert eager.tolist() == torch.topk(ties, 3, dim=1, sorted=sorted_).indices.tolist()
-    with pytest.raises(CuvilVerifyError, match="order must be one of stable, topk, topk_unsorted"):
+    types, (kth,) = run("cuvil.argtopk", [ties], {"k": 5, "dim": 1, "largest": False, "order": "kthvalue"})
+    assert types == ["tensor<2x1xi64>"]                                  # the k-th alone, eager's pick
+    assert kth.tolist() == torch.kthvalue(ties, 5, dim=1, keepdim=True).indices.tolist()
+    with pytest.raises(CuvilVerifyError, match="order must be one of stable, topk, topk_unsorted, kthvalue"):
         build("cuvil.argtopk", [T(F32, 2, 5)], {"k": 2, "dim": 1, "order": "random"})
     with pytest.raises(CuvilVerifyError, match="order 'topk' needs a k"):
         build("cuvil.argtopk", [T(F32, 2, 5)], {"dim": 1, "order": "topk"})
+    with pytest.raises(CuvilVerifyError, match="order 'kthvalue' picks the smallest"):
+        build("cuvil.argtopk", [T(F32, 2, 5)], {"k": 2, "dim": 1, "order": "kthvalue"})
 
 
 def test_grouped_matmul():

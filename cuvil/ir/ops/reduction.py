@@ -181,17 +181,18 @@ CumargminOp = scan("cumargmin", lambda x, dim: torch.cummin(x, dim).indices, _in
                    "The index of cummin's element: torch.cummin's indices.")
 
 
-TOPK_ORDERS = ("stable", "topk", "topk_unsorted")
+TOPK_ORDERS = ("stable", "topk", "topk_unsorted", "kthvalue")
 
 
 @register_op
 class ArgtopkOp(OpDef):
     """Indices of the `k` largest elements along `dim` (the smallest with `largest` false; the
     whole row, sorted, when `k` is none), NaN above every number. Equal values by `order`:
-    "stable" by index (torch.sort's order; sort, argsort, kthvalue and median), "topk" as
-    torch.topk's CPU kernel leaves them (its selection's steps decide), "topk_unsorted" all in the
-    order of torch.topk(sorted=False). topk, sort, argsort, kthvalue and median gather their
-    values at these."""
+    "stable" by index (torch.sort's order, and torch.median's), "topk" as torch.topk's CPU kernel
+    leaves them (its selection's steps decide), "topk_unsorted" all in the order of
+    torch.topk(sorted=False); "kthvalue" gives the k-th smallest alone (a size of 1 along `dim`),
+    of equal values the one torch.kthvalue's quickselect picks. topk, sort, argsort, kthvalue and
+    median gather their values at these."""
     name = "cuvil.argtopk"
     operands = ("x",)
     attrs = {"k": optional("int?"), "dim": required("int"), "largest": optional("bool", True),
@@ -204,17 +205,24 @@ class ArgtopkOp(OpDef):
         if attrs["order"] not in TOPK_ORDERS:
             raise ValueError(f"order must be one of {', '.join(TOPK_ORDERS)}, not {attrs['order']!r}")
         if attrs["order"] != "stable" and attrs["k"] is None:
-            raise ValueError(f"order {attrs['order']!r} needs a k (torch.topk's)")
+            raise ValueError(f"order {attrs['order']!r} needs a k")
+        if attrs["order"] == "kthvalue" and attrs["largest"]:
+            raise ValueError("order 'kthvalue' picks the smallest (largest = false)")
         d, k = check_axis(attrs["dim"], x.rank), attrs["k"]
         n = x.shape[d]
         if k is None:
             return [TensorType(DType.i64, x.shape)]
         if k < 0 or (isinstance(n, int) and k > n):
             raise ValueError(f"k = {k} is out of range for {n} elements along dim {d}")
-        return [TensorType(DType.i64, tuple(k if a == d else s for a, s in enumerate(x.shape)))]
+        if attrs["order"] == "kthvalue" and k < 1:
+            raise ValueError(f"order 'kthvalue' needs k >= 1, not {k}")
+        kept = 1 if attrs["order"] == "kthvalue" else k
+        return [TensorType(DType.i64, tuple(kept if a == d else s for a, s in enumerate(x.shape)))]
 
     @staticmethod
     def evaluate(attrs, x):
+        if attrs["order"] == "kthvalue":
+            return torch.kthvalue(x, attrs["k"], dim=attrs["dim"], keepdim=True).indices
         if attrs["order"] != "stable":
             return torch.topk(x, attrs["k"], dim=attrs["dim"], largest=attrs["largest"],
                               sorted=attrs["order"] == "topk").indices
