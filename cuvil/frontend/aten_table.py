@@ -28,6 +28,7 @@ from ..ir.ops.layout import PAD_MODES
 from .decompositions import cuvil_decompositions
 from .importer import Lowering, Unavailable, op_name
 from .resampling import RESAMPLING, repeat_each
+from .value_bounds import integer_bounds, proven
 
 aten = torch.ops.aten
 
@@ -156,8 +157,14 @@ def _size_value(x):
 
 def local_scalar_dense(L: Lowering, x):
     """`.item()` of a tensor that holds a size (`_size_value`: a slice bound): that size, as a dim.
-    Any other tensor's value is data a compiled program's shapes cannot follow."""
+    A value only assertions read gets the bounds its ops give it, which `assert_scalar` proves
+    them with (value_bounds.py). Any other tensor's value is data a compiled program's shapes
+    cannot follow."""
     size = _size_value(x)
+    bounds = integer_bounds(x) if size is None else None
+    if bounds is not None and all(ATEN_TABLE.get(u.target) is size_condition for u in L.node.users):
+        L.data_bounds[L.val().node.expr] = bounds
+        return None
     if size is None:
         L.unsupported("a tensor's value read as a Python number (.item(), or a tensor as a slice bound or "
                       "size): Cuvil compiles no sizes that depend on tensor values")
@@ -1311,6 +1318,23 @@ def eye_m(L: Lowering, n, m, *_):
     return L.cast(L.op("cuvil.eq", rows, cols), L.out_dtype())
 
 
+def assert_scalar(L: Lowering, cond, msg=None):
+    """An assertion on sizes: decided at capture (size_conditions.py). One on a tensor value read
+    with `.item()`: proven here from the value's bounds, or refused (Cuvil's kernels cannot raise
+    the error it would raise)."""
+    node = L.node.args[0]       # (`cond` is its lowered value: none, for a condition)
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.SymBool):
+        return None
+    expr = value.node.expr
+    data = {s: L.data_bounds[s] for s in expr.free_symbols if s in L.data_bounds}
+    if data and not proven(expr, data, L.symbols.dim, L.symbols.span):
+        bounds = ", ".join(f"{s} in [{lo}, {hi}]" for s, (lo, hi) in data.items())
+        L.unsupported(f"an assertion on tensor values ({expr}) that their bounds ({bounds}) do not prove: "
+                      f"Cuvil's kernels cannot raise the error it would")
+    return None
+
+
 def assert_async(L: Lowering, cond, msg=""):
     """A check of tensor values at run time (F.one_hot's index range): Cuvil's kernels raise no
     errors, so the model is refused, with torch's message."""
@@ -1617,7 +1641,7 @@ ATEN_TABLE = {
     aten.detach.default: identity,
     # checks torch inserts; Cuvil checks shapes itself
     aten._assert_tensor_metadata.default: no_op,
-    aten._assert_scalar.default: no_op,         # on sizes: decided at capture (size_conditions.py)
+    aten._assert_scalar.default: assert_scalar,
     aten._assert_async.msg: assert_async,
     aten.sym_constrain_range_for_size.default: no_op,
     # symbolic ints and tuples

@@ -70,6 +70,7 @@ class Lowering:
         self.symbols = symbols
         self.node: torch.fx.Node | None = None
         self.frame: SourceFrame | None = None
+        self.data_bounds: dict = {}     # symbols of tensor values read by assertions: their (lo, hi)
 
     # -- emitting
     @property
