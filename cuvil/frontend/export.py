@@ -28,6 +28,7 @@ from .aten_table import ATEN_TABLE, decomposition_table
 from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, register_model_caches,
                         returns_each_cache, sliding_window_range, spans_past_and_new, static_new_tokens,
                         windows_as_captured)
+from .complex_pairs import complex_as_pairs
 from .inplace import functionalize_local_inplace
 from .locations import exception_frame, record_user_frames
 from ..runtime.exprs import binding
@@ -229,6 +230,7 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
                 ep.graph_module.recompile()
             if needs_decomposition(ep):
                 ep = ep.run_decompositions(decomposition_table())
+            complex_as_pairs(ep)
     except CuvilError:
         raise
     except SizeConditionError as e:

@@ -20,6 +20,7 @@ from ..errors import CuvilError, CuvilUnsupportedOpError, CuvilVerifyError
 from ..ir import Builder, DType, Function, Loc, Module, TensorType, Value
 from ..ir.types import Dim, dims_equal
 from ..runtime.exprs import binding
+from .complex_pairs import as_pairs
 from .locations import SourceFrame, node_frame
 from .symbols import SymbolTable
 
@@ -276,7 +277,7 @@ def _other_inputs(ep, placeholders: dict) -> dict:
         node = placeholders[spec.arg.name]
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             source = ep.constants if spec.target in ep.constants else ep.state_dict
-            out[node] = _Const(spec.target, source[spec.target].detach())
+            out[node] = _Const(spec.target, as_pairs(source[spec.target].detach()))
         elif isinstance(spec.arg, ConstantArgument):
             out[node] = spec.arg.value
         elif not isinstance(spec.arg, TensorArgument):

@@ -452,6 +452,34 @@ def test_a_mixture_of_experts_decodes_as_eager(name):
     assert torch.equal(got, want)
 
 
+COMPLEX_ROTARY = {
+    # chunked attention, layers without rotary, and experts every other layer
+    "llama4": lambda: transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1)),
+    "deepseek_v2": lambda: transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
+        vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=8,
+        first_k_dense_replace=1, n_group=2, topk_group=1, topk_method="greedy")),
+}
+
+
+@pytest.mark.parametrize("name", COMPLEX_ROTARY)
+def test_complex_rotary_embeddings_decode_as_eager(name):
+    """Llama 4's and DeepSeek-V2's rotary embeddings multiply complex numbers (`torch.polar`,
+    `view_as_complex`): refused at `aten.polar` before, now computed as pairs of floats
+    (frontend/complex_pairs.py). generate's greedy tokens from a batch of two are eager's."""
+    model = randomize(COMPLEX_ROTARY[name]())
+    ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        model.forward = compiled = cuvil.compile(model.forward, cache=False)
+        got = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert compiled.num_variants == 2
+
+
 def test_while_a_step_is_captured_other_sliding_window_layers_keep_their_count():
     """The capture patches the window layer's class: only the captured step's layers (marked)
     count by their keys' length and keep every token; another cache's, run in eager meanwhile (by

@@ -1,0 +1,374 @@
+"""Complex numbers as pairs of floats: the exported graph rewritten so that every complex tensor
+is a real one with a trailing dim of 2 (real, imaginary), the layout `torch.view_as_real` gives.
+
+Rotary embeddings written the way Meta's Llama code writes them (Llama 4's, and the many that copy
+it) multiply by complex numbers: `torch.polar(ones, angles)` or `torch.exp(1j * angles)`, then
+`view_as_complex(q.reshape(..., -1, 2)) * freqs` and `view_as_real(...)`. Here `view_as_complex`
+and `view_as_real` become nothing, a complex product the four real products it is, and a view of
+a complex tensor the same view with the pair dim kept last. The importer then sees real ops only.
+Complex parameters and constants are read as their pairs (`as_pairs`). A complex input or output
+of the model, and any other op on complex values, is refused by name with its source line.
+"""
+from __future__ import annotations
+
+from numbers import Number
+
+import torch
+from torch.fx import Graph, Node
+
+from ..errors import CuvilUnsupportedOpError
+from .locations import node_frame
+
+aten = torch.ops.aten
+_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr")
+Part = Node | Number        # one half of a complex operand: a real tensor, or a number
+
+
+def is_complex(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return isinstance(val, torch.Tensor) and val.is_complex()
+
+
+def as_pairs(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter or constant as the importer reads it: a complex one as its pairs."""
+    return torch.view_as_real(tensor).clone() if tensor.is_complex() else tensor
+
+
+def complex_as_pairs(ep: torch.export.ExportedProgram) -> bool:
+    """Rewrite `ep`'s graph in place so that no node holds a complex tensor; whether it had any."""
+    graph = ep.graph
+    if not any(is_complex(n) for n in graph.nodes):
+        return False
+    user_inputs = {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
+    pairs: dict[Node, Node] = {}        # each complex node -> the real node of its pairs
+    rewritten = []
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and is_complex(node):
+            if node.name in user_inputs:
+                raise CuvilUnsupportedOpError("complex input", None, f"input '{node.name}' is complex; "
+                                              f"pass torch.view_as_real({node.name}) and view_as_complex it inside")
+            node.meta["val"] = torch.view_as_real(node.meta["val"])     # its tensor: `as_pairs`
+            pairs[node] = node
+        elif node.op == "call_function" and (is_complex(node) or any(a in pairs for a in node.all_input_nodes)):
+            r = _Rewrite(graph, node, pairs)
+            rule = _RULES.get(node.target)
+            if rule is None:
+                r.refuse("Cuvil computes complex numbers as pairs of floats through polar, complex, exp, "
+                         "view_as_complex/view_as_real, +, -, *, /, abs, angle and views; not this op")
+            new = rule(r, *node.args, **node.kwargs)
+            if is_complex(node):
+                pairs[node] = new
+            elif new is not None:
+                node.replace_all_uses_with(new)
+            rewritten.append(node)
+        elif node.op == "output":
+            for out in node.all_input_nodes:
+                if out in pairs:
+                    frame = node_frame(out)
+                    raise CuvilUnsupportedOpError("complex output", str(frame) if frame else None,
+                                                  "the model returns a complex tensor; return torch.view_as_real of it")
+    for node in reversed(rewritten):
+        graph.erase_node(node)
+    ep.graph_module.recompile()
+    return True
+
+
+class _Rewrite:
+    """The real nodes that stand for one complex-touching node, emitted before it with its source
+    location and with torch's result metadata."""
+
+    def __init__(self, graph: Graph, node: Node, pairs: dict[Node, Node]):
+        self.graph, self.node, self.pairs = graph, node, pairs
+
+    def refuse(self, detail: str):
+        frame = node_frame(self.node)
+        target = self.node.target
+        name = str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
+        raise CuvilUnsupportedOpError(name, str(frame) if frame else None, f"on complex values: {detail}")
+
+    def call(self, target, *args) -> Node:
+        vals = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
+        with self.graph.inserting_before(self.node):
+            new = self.graph.call_function(target, args)
+        new.meta.update({k: self.node.meta[k] for k in _META if k in self.node.meta})
+        new.meta["val"] = target(*vals)
+        return new
+
+    def complex(self, a) -> bool:
+        return isinstance(a, Node) and a in self.pairs
+
+    def pair(self, a) -> Node:
+        if not self.complex(a):
+            self.refuse(f"operand {a!r} is not complex")
+        return self.pairs[a]
+
+    def parts(self, a) -> tuple[Part, Part]:
+        """(real, imaginary) of any operand: a complex or real tensor, or a number."""
+        if self.complex(a):
+            z = self.pairs[a]
+            return self.call(aten.select.int, z, -1, 0), self.call(aten.select.int, z, -1, 1)
+        if isinstance(a, complex):
+            return a.real, a.imag
+        return a, 0
+
+    def join(self, re: Part, im: Part) -> Node:
+        """The pairs of (re, im), either of which may be a number when the other is a tensor."""
+        re = re if isinstance(re, Node) else self.call(aten.full_like.default, im, re)
+        im = im if isinstance(im, Node) else self.call(aten.full_like.default, re, im)
+        return self.call(aten.cat.default, [self.call(aten.unsqueeze.default, re, -1),
+                                            self.call(aten.unsqueeze.default, im, -1)], -1)
+
+    def dim(self, d: int, rank: int) -> int:
+        """Dim `d` of a complex tensor of `rank` dims as a dim of its pairs (the pair dim stays last)."""
+        return d + rank if d < 0 else d
+
+    def rank(self) -> int:
+        """The complex rank of the node's first operand."""
+        return self.node.args[0].meta["val"].dim()
+
+
+def _binary(op, r: _Rewrite, a: Part, b: Part) -> Part:
+    """op(a, b) with numbers folded and adding 0 or multiplying by 1 kept out of the graph (a
+    product by 0 stays: an infinite part makes it NaN, as in torch's complex product)."""
+    if not isinstance(a, Node) and not isinstance(b, Node):
+        return {aten.add.Tensor: a + b, aten.sub.Tensor: a - b, aten.mul.Tensor: a * b}[op]
+    if op is aten.mul.Tensor and isinstance(a, Number) and a == 1:
+        return b
+    if op is aten.mul.Tensor and isinstance(b, Number) and b == 1 or \
+            op in (aten.add.Tensor, aten.sub.Tensor) and isinstance(b, Number) and b == 0:
+        return a
+    if op is aten.add.Tensor and isinstance(a, Number) and a == 0:
+        return b
+    if op is aten.sub.Tensor and isinstance(a, Number) and a == 0:
+        return r.call(aten.neg.default, b)
+    if isinstance(a, Number):       # ATen's scalar operand is the second
+        return r.call(aten.add.Tensor, r.call(aten.neg.default, b), a) if op is aten.sub.Tensor else r.call(op, b, a)
+    return r.call(op, a, b)
+
+
+def _polar(r: _Rewrite, magnitude, angle):
+    return r.join(r.call(aten.mul.Tensor, magnitude, r.call(aten.cos.default, angle)),
+                  r.call(aten.mul.Tensor, magnitude, r.call(aten.sin.default, angle)))
+
+
+def _complex(r: _Rewrite, real, imag):
+    return r.join(real, imag)
+
+
+def _exp(r: _Rewrite, z):
+    re, im = r.parts(z)
+    return _polar(r, r.call(aten.exp.default, re), im)
+
+
+def _add(r: _Rewrite, a, b, alpha=1, op=aten.add.Tensor):
+    if isinstance(alpha, complex):
+        r.refuse("a complex alpha")
+    if r.complex(a) and r.complex(b):       # pairs add as pairs
+        b = r.pair(b) if alpha == 1 else r.call(aten.mul.Tensor, r.pair(b), alpha)
+        return r.call(op, r.pair(a), b)
+    (ar, ai), (br, bi) = r.parts(a), r.parts(b)
+    mul = aten.mul.Tensor
+    br, bi = _binary(mul, r, br, alpha), _binary(mul, r, bi, alpha)
+    return r.join(_binary(op, r, ar, br), _binary(op, r, ai, bi))
+
+
+def _sub(r: _Rewrite, a, b, alpha=1):
+    return _add(r, a, b, alpha, aten.sub.Tensor)
+
+
+def _rsub(r: _Rewrite, a, b, alpha=1):
+    return _add(r, b, a, alpha, aten.sub.Tensor)
+
+
+def _mul(r: _Rewrite, a, b):
+    if r.complex(a) != r.complex(b) and not isinstance(b if r.complex(a) else a, complex):
+        z, x = (a, b) if r.complex(a) else (b, a)       # a real factor scales both parts
+        return r.call(aten.mul.Tensor, r.pair(z), r.call(aten.unsqueeze.default, x, -1) if isinstance(x, Node) else x)
+    (ar, ai), (br, bi) = r.parts(a), r.parts(b)
+    m = aten.mul.Tensor
+    return r.join(_binary(aten.sub.Tensor, r, _binary(m, r, ar, br), _binary(m, r, ai, bi)),
+                  _binary(aten.add.Tensor, r, _binary(m, r, ar, bi), _binary(m, r, ai, br)))
+
+
+def _div(r: _Rewrite, a, b):
+    if not r.complex(b) and not isinstance(b, complex):     # by a real divisor: both parts
+        return r.call(aten.div.Tensor, r.pair(a), r.call(aten.unsqueeze.default, b, -1) if isinstance(b, Node) else b)
+    if not r.complex(b):
+        r.refuse("a division by a complex number")
+    (ar, ai), (br, bi) = r.parts(a), r.parts(b)
+    m = aten.mul.Tensor
+    norm = r.call(aten.add.Tensor, r.call(m, br, br), r.call(m, bi, bi))
+    re = _binary(aten.add.Tensor, r, _binary(m, r, ar, br), _binary(m, r, ai, bi))
+    im = _binary(aten.sub.Tensor, r, _binary(m, r, ai, br), _binary(m, r, ar, bi))
+    return r.join(r.call(aten.div.Tensor, re, norm), r.call(aten.div.Tensor, im, norm))
+
+
+def _neg(r: _Rewrite, z):
+    return r.call(aten.neg.default, r.pair(z))
+
+
+def _conj(r: _Rewrite, z):
+    re, im = r.parts(z)
+    return r.join(re, r.call(aten.neg.default, im))
+
+
+def _abs(r: _Rewrite, z):
+    re, im = r.parts(z)
+    m = aten.mul.Tensor
+    return r.call(aten.sqrt.default, r.call(aten.add.Tensor, r.call(m, re, re), r.call(m, im, im)))
+
+
+def _angle(r: _Rewrite, z):
+    re, im = r.parts(z)
+    return r.call(aten.atan2.default, im, re)
+
+
+def _checked(r: _Rewrite, *args, **kwargs):     # torch.export's dtype check on a complex tensor: its pairs are real
+    return None
+
+
+def _view_as_complex(r: _Rewrite, x):
+    return x
+
+
+def _view_as_real(r: _Rewrite, z):
+    return r.pair(z)
+
+
+def _same(r: _Rewrite, z, *rest, **kwargs):      # clone, alias, a copy to the same complex dtype
+    if kwargs.get("dtype", r.node.meta["val"].dtype) != r.node.meta["val"].dtype or not r.complex(z):
+        return _to_copy(r, z, **kwargs)
+    return r.pair(z)
+
+
+def _to_copy(r: _Rewrite, x, dtype=None, **_):
+    val = r.node.meta["val"]
+    if not val.is_complex():                    # complex -> real keeps the real part, as torch does
+        return _cast(r, r.parts(x)[0], val.dtype)
+    real = torch.view_as_real(val).dtype
+    if r.complex(x):
+        return _cast(r, r.pair(x), real)
+    return r.join(_cast(r, x, real), 0)
+
+
+def _cast(r: _Rewrite, x: Node, dtype: torch.dtype) -> Node:
+    if x.meta["val"].dtype == dtype:
+        return x
+    with r.graph.inserting_before(r.node):
+        new = r.graph.call_function(aten._to_copy.default, (x,), {"dtype": dtype})
+    new.meta.update({k: r.node.meta[k] for k in _META if k in r.node.meta})
+    new.meta["val"] = x.meta["val"].to(dtype)
+    return new
+
+
+# views and copies: the same op on the pairs, with the pair dim kept last
+
+def _sized(r: _Rewrite, z, size, *rest):       # view, reshape, expand: one more size
+    return r.call(r.node.target, r.pair(z), [*size, 2])
+
+
+def _unsqueeze(r: _Rewrite, z, d):
+    return r.call(aten.unsqueeze.default, r.pair(z), r.dim(d, r.rank() + 1))
+
+
+def _squeeze(r: _Rewrite, z, dims=None):
+    shape = z.meta["val"].shape
+    dims = [i for i, n in enumerate(shape) if n == 1] if dims is None else \
+        [dims] if isinstance(dims, int) else dims
+    return r.call(aten.squeeze.dims, r.pair(z), [r.dim(d, r.rank()) for d in dims])
+
+
+def _permute(r: _Rewrite, z, dims):
+    return r.call(aten.permute.default, r.pair(z), [*(r.dim(d, r.rank()) for d in dims), r.rank()])
+
+
+def _on_dims(*positions: int):
+    """An op whose arguments at `positions` are dims (an int or a list) of its first operand."""
+    def rewrite(r: _Rewrite, z, *args):
+        args = list(args)
+        for p in positions:
+            if p - 1 < len(args) and args[p - 1] is not None:
+                a = args[p - 1]
+                args[p - 1] = [r.dim(d, r.rank()) for d in a] if isinstance(a, (list, tuple)) else r.dim(a, r.rank())
+        return r.call(r.node.target, r.pair(z), *args)
+    return rewrite
+
+
+def _reduce(r: _Rewrite, z, dims=None, *rest):     # sum, mean: no dims is every dim but the pair's
+    dims = [r.dim(d, r.rank()) for d in dims] if dims else list(range(r.rank()))
+    return r.call(r.node.target, r.pair(z), dims, *rest)
+
+
+def _cat(r: _Rewrite, tensors, dim=0):
+    pairs = [r.pair(t) if r.complex(t) else r.join(t, 0) for t in tensors]
+    return r.call(aten.cat.default, pairs, r.dim(dim, tensors[0].meta["val"].dim()))
+
+
+def _where(r: _Rewrite, cond, a, b):
+    a, b = (r.pair(x) if r.complex(x) else r.join(*r.parts(x)) if isinstance(x, Node) else x for x in (a, b))
+    if not isinstance(a, Node) or not isinstance(b, Node):
+        r.refuse("a choice between a complex tensor and a number")
+    return r.call(aten.where.self, r.call(aten.unsqueeze.default, cond, -1), a, b)
+
+
+def _zeros_like(r: _Rewrite, z, **_):
+    return r.call(aten.zeros_like.default, r.pair(z))
+
+
+def _full_like(r: _Rewrite, z, fill, **_):
+    re, im = r.parts(fill)
+    return r.join(r.call(aten.full_like.default, r.parts(z)[0], re), im)
+
+
+def _index(r: _Rewrite, z, indices):        # indices take the leading dims; the pair dim is not one
+    return r.call(aten.index.Tensor, r.pair(z), indices)
+
+
+def _repeat(r: _Rewrite, z, repeats):
+    return r.call(aten.repeat.default, r.pair(z), [*repeats, 1])
+
+
+_RULES = {
+    aten.polar.default: _polar,
+    aten.complex.default: _complex,
+    aten.exp.default: _exp,
+    aten.add.Tensor: _add,
+    aten.sub.Tensor: _sub,
+    aten.rsub.Scalar: _rsub,
+    aten.rsub.Tensor: _rsub,
+    aten.mul.Tensor: _mul,
+    aten.div.Tensor: _div,
+    aten.neg.default: _neg,
+    aten._conj.default: _conj,
+    aten.conj_physical.default: _conj,
+    aten.abs.default: _abs,
+    aten.angle.default: _angle,
+    aten._assert_tensor_metadata.default: _checked,
+    aten.view_as_complex.default: _view_as_complex,
+    aten.view_as_real.default: _view_as_real,
+    aten.clone.default: _same,
+    aten.alias.default: _same,
+    aten._to_copy.default: _to_copy,
+    aten.view.default: _sized,
+    aten._unsafe_view.default: _sized,
+    aten.reshape.default: _sized,
+    aten.expand.default: _sized,
+    aten.unsqueeze.default: _unsqueeze,
+    aten.squeeze.default: _squeeze,
+    aten.squeeze.dim: _squeeze,
+    aten.squeeze.dims: _squeeze,
+    aten.permute.default: _permute,
+    aten.transpose.int: _on_dims(1, 2),
+    aten.slice.Tensor: _on_dims(1),
+    aten.select.int: _on_dims(1),
+    aten.index_select.default: _on_dims(1),
+    aten.flip.default: _on_dims(1),
+    aten.sum.dim_IntList: _reduce,
+    aten.mean.dim: _reduce,
+    aten.cat.default: _cat,
+    aten.where.self: _where,
+    aten.zeros_like.default: _zeros_like,
+    aten.full_like.default: _full_like,
+    aten.index.Tensor: _index,
+    aten.repeat.default: _repeat,
+}

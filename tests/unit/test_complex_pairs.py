@@ -1,0 +1,77 @@
+"""Complex tensors computed as pairs of floats (frontend/complex_pairs.py): Meta-style rotary
+embeddings (`polar`, `view_as_complex`, a complex product, `view_as_real`), `exp(1j * t)`, a
+complex buffer, arithmetic with complex and real operands, and views, each against eager; and the
+refusals, which name the input, the output or the op with its source line."""
+import pytest
+import torch
+from torch import nn
+
+import cuvil
+from cuvil.errors import CuvilUnsupportedOpError
+
+
+def _close(got, want):
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+class Rotary(nn.Module):
+    """Llama 4's rotary embedding: the angles' unit complex numbers (scaled), and the query's
+    pairs of features multiplied by them."""
+
+    def forward(self, q, angles):
+        freqs = torch.polar(torch.ones_like(angles), angles) * 0.5
+        z = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+        return torch.view_as_real(z * freqs[:, :, None, :]).flatten(3)
+
+
+def test_rotary_embedding_of_any_length_is_eagers():
+    model = Rotary()
+    gen = torch.Generator().manual_seed(0)
+    compiled = cuvil.compile(model, dynamic={"q": {1: "seq"}, "angles": {1: "seq"}}, cache=False)
+    for seq in (5, 9, 1):
+        q, angles = torch.randn(2, seq, 3, 8, generator=gen), torch.randn(2, seq, 4, generator=gen)
+        _close(compiled(q, angles), model(q, angles))
+    assert compiled.num_variants == 1
+    graph = compiled.imported.exported.graph
+    vals = [n.meta.get("val") for n in graph.nodes]
+    assert not any(isinstance(v, torch.Tensor) and v.is_complex() for v in vals)
+    assert not any("complex" in str(n.target) or "view_as_real" in str(n.target) for n in graph.nodes)
+
+
+class Arithmetic(nn.Module):
+    """exp(1j * t), a complex buffer, + - * / with complex and real tensors and numbers, abs,
+    angle, conj, a sum, a concatenation, a transpose and a choice."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randn(4, dtype=torch.complex64, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x, t):
+        z = torch.exp(1j * t) * self.w + 2.0
+        q = torch.view_as_complex(x.reshape(5, 4, 2))
+        y = (q * z - 1j) / (z + 0.5j) + t / (q + 3)
+        y = 2 - y * t - (0.5 - 1j) * y.conj() / 4
+        both = torch.cat([y, z], 0).transpose(0, 1)
+        chosen = torch.where(t > 0, y, z)
+        return (y.abs(), y.angle(), torch.view_as_real(both.sum(1)), torch.view_as_real(chosen[1:3].unsqueeze(0)),
+                (y - z).abs().mean(-1))
+
+
+def test_complex_arithmetic_is_eagers():
+    model = Arithmetic()
+    gen = torch.Generator().manual_seed(2)
+    x, t = torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen)
+    _close(cuvil.compile(model, cache=False)(x, t), model(x, t))
+
+
+def test_a_complex_input_an_output_or_op_is_refused_by_name():
+    with pytest.raises(CuvilUnsupportedOpError, match=r"input 'z' is complex.*view_as_real\(z\)"):
+        cuvil.compile(lambda z: z * 2, cache=False)(torch.randn(3, dtype=torch.complex64))
+    with pytest.raises(CuvilUnsupportedOpError, match="returns a complex tensor"):
+        cuvil.compile(lambda x: torch.view_as_complex(x) * 2, cache=False)(torch.randn(3, 2))
+
+    def sine(x):
+        return torch.view_as_real(torch.sin(torch.view_as_complex(x)))
+    with pytest.raises(CuvilUnsupportedOpError, match=r"'aten.sin.default': on complex values.*\n.*test_complex_pairs.py"):
+        cuvil.compile(sine, cache=False)(torch.randn(3, 2))
