@@ -6,6 +6,12 @@
 - `aten.scatter` (of a value or of a tensor) and `aten.scatter_add` of a static index that fits
   in the input (torch's rule): each position along `dim` compared with every index (the cost
   is their product: meant for few positions), over the part of the input the index reaches, padded to the input's sizes (a router's `scatter(-1, top, -inf)`).
+- `aten.grid_sampler_2d` (`F.grid_sample`: deformable attention in Mask2Former, Deformable DETR):
+  bilinear or nearest, with zero or border padding, as gathers along the flattened image of each
+  corner's index, computed once per sample point and shared by the channels, its weight 0 where
+  the corner lies outside; bicubic and reflection through torch's own decomposition
+  (`torch._decomp`, which torch.export's default table leaves out), which computes every
+  channel's indices.
 - `transformers::grouped_mm_fallback`: a mixture of experts' grouped product (transformers'
   default `grouped_mm` experts on a CPU), rows sorted by expert and `offs` the running count of
   each expert's rows: Cuvil's own `cuvil::grouped_mm`, imported as `cuvil.grouped_matmul` (one GEMM
@@ -16,6 +22,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from torch._decomp import decomposition_table as torch_decompositions
 
 aten = torch.ops.aten
 
@@ -80,6 +87,37 @@ def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tenso
     return x + _to_input(torch.where(names, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim), x)
 
 
+def grid_sampler_2d(x: torch.Tensor, grid: torch.Tensor, interpolation_mode: int = 0, padding_mode: int = 0,
+                    align_corners: bool = False) -> torch.Tensor:
+    if interpolation_mode not in (0, 1) or padding_mode not in (0, 1):     # bicubic, reflection
+        return torch_decompositions[aten.grid_sampler_2d.default](x, grid, interpolation_mode, padding_mode,
+                                                                  align_corners)
+    n, c, h, w = x.shape
+    ix, iy = (_unnormalize(grid[..., i], size, align_corners, padding_mode) for i, size in ((0, w), (1, h)))
+    if interpolation_mode == 1:         # nearest: torch rounds half to even
+        corners = [(ix.round(), iy.round(), None)]
+    else:
+        x0, y0 = ix.floor(), iy.floor()
+        x1, y1 = x0 + 1, y0 + 1
+        corners = [(x0, y0, (x1 - ix) * (y1 - iy)), (x1, y0, (ix - x0) * (y1 - iy)),
+                   (x0, y1, (x1 - ix) * (iy - y0)), (x1, y1, (ix - x0) * (iy - y0))]
+    flat = x.reshape(n, c, h * w)
+    out = None
+    for cx, cy, weight in corners:
+        inside = (cx >= 0) & (cx < w) & (cy >= 0) & (cy < h)
+        at = (cy.clamp(0, h - 1) * w + cx.clamp(0, w - 1)).to(torch.int64).reshape(n, 1, -1)
+        weight = inside.to(x.dtype) if weight is None else torch.where(inside, weight, 0.0)
+        term = torch.gather(flat, 2, at.expand(n, c, at.shape[2])) * weight.reshape(n, 1, -1)
+        out = term if out is None else out + term
+    return out.reshape(n, c, *grid.shape[1:3])
+
+
+def _unnormalize(coord: torch.Tensor, size: int, align_corners: bool, padding_mode: int) -> torch.Tensor:
+    """A grid coordinate in [-1, 1] as a pixel coordinate (torch's `grid_sampler_compute_source_index`)."""
+    pixel = (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+    return pixel.clamp(0, size - 1) if padding_mode == 1 else pixel
+
+
 @torch.library.custom_op("cuvil::grouped_mm", mutates_args=())
 def grouped_mm_op(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """`cuvil.grouped_matmul` as a torch op, for the decomposition to trace: each expert's rows
@@ -103,7 +141,8 @@ def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> 
 
 def cuvil_decompositions() -> dict:
     table = {aten.histc.default: histc, aten.scatter.value: scatter_value,
-             aten.scatter.src: scatter_src, aten.scatter_add.default: scatter_add}
+             aten.scatter.src: scatter_src, aten.scatter_add.default: scatter_add,
+             aten.grid_sampler_2d.default: grid_sampler_2d}
     if "transformers" in sys.modules and hasattr(torch.ops, "transformers") \
             and hasattr(torch.ops.transformers, "grouped_mm_fallback"):
         table[torch.ops.transformers.grouped_mm_fallback.default] = grouped_mm

@@ -60,6 +60,12 @@ def fusion_groups(fn: Function, options: FusePass | None = None) -> list[list[Op
 # ----------------------------------------------------------------------------- the decisions
 
 
+# A kernel recomputes each op it reads broadcast (a per-pixel index read by every channel): past
+# MAX_BROADCAST_OPS such ops, reading the value from memory costs less than computing it again.
+BROADCAST_TIMES = 4
+MAX_BROADCAST_OPS = 4
+
+
 class Group:
     """Ops fused so far. Only the root (the last op) has uses outside the group: a producer joins
     a group only when all its readers are in it, so groups never read each other in a cycle."""
@@ -167,11 +173,26 @@ class Fusion:
             return Refusal("disabled", "epilogue=false: nothing is fused into GEMM-based kernels")
         if not self.options.reductions and "reduction" in kinds:
             return Refusal("disabled", "reductions=false: reductions are not fused with other ops")
+        recomputed = self._broadcast_ops(producer.ops + consumer.ops, consumer.root)
+        if len(recomputed) > MAX_BROADCAST_OPS:
+            return Refusal("recompute", f"the kernel of {self.value(consumer.root)} would recompute {len(recomputed)} "
+                                        f"elementwise ops it reads broadcast, each at least {BROADCAST_TIMES}x "
+                                        f"(max {MAX_BROADCAST_OPS}): they are computed once, in memory")
         problem = group_legality(self.fn, rematerialize(self.fn, producer.ops + consumer.ops, self.order))
         if problem is None and len(producer.ops) + len(consumer.ops) > self.options.max_ops:
             return Refusal("max-ops", f"max-ops={self.options.max_ops} reached (the groups have "
                                       f"{len(producer.ops)} + {len(consumer.ops)} ops)")
         return problem
+
+    @staticmethod
+    def _broadcast_ops(ops: list[Operation], root: Operation) -> list[Operation]:
+        """The elementwise ops whose results `root`'s kernel would read broadcast over at least
+        BROADCAST_TIMES results each (static sizes): its loops recompute them each time."""
+        total = root.results[0].type.numel() if root.results else None
+        if not isinstance(total, int):
+            return []
+        return [op for op in ops if op_kind(op) == "elementwise" and isinstance(n := op.results[0].type.numel(), int)
+                and n * BROADCAST_TIMES <= total]
 
     # -- planning
     def plan(self) -> None:

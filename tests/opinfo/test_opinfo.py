@@ -273,6 +273,7 @@ DECOMPOSED: dict[str, list[str]] = {
     "aten.scatter.src": ["scatter"],
     "aten.scatter_add.default": ["scatter_add"],
     "aten.histc.default": ["histc"],
+    "aten.grid_sampler_2d.default": ["nn.functional.grid_sample", "grid_sampler_2d"],
 }
 
 F = (f32,)

@@ -1,5 +1,5 @@
 """Cuvil's own decompositions (cuvil/frontend/decompositions.py), compiled natively against eager
-PyTorch: `torch.histc` with a range, `scatter` and `scatter_add`. (The grouped product of a
+PyTorch: `torch.histc` with a range, `scatter`, `scatter_add` and `F.grid_sample`. (The grouped product of a
 mixture of experts is compared in tests/differential/test_hf_models.py, on Mixtral.)"""
 import pytest
 import torch
@@ -38,3 +38,18 @@ def test_scatter_of_a_value_a_tensor_and_a_sum(dim):
     unique = torch.argsort(torch.rand(x.shape, generator=g), dim=dim).narrow(dim, 0, 3)   # no repeats: one answer
     copied = cuvil.compile(lambda x, i, s: x.scatter(dim, i, s))(x, unique, src)
     torch.testing.assert_close(copied, x.scatter(dim, unique, src), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(mode, padding, align_corners):
+    """Sample points inside, on the edges of and outside the image (the grid spans [-1.3, 1.3])."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 7, 9, generator=g)
+    grid = torch.rand(2, 5, 6, 2, generator=g) * 2.6 - 1.3
+    grid[0, 0, :3] = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [1.0, -1.0]])
+
+    def sample(x, grid):
+        return torch.nn.functional.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align_corners)
+    torch.testing.assert_close(cuvil.compile(sample, cache=False)(x, grid), sample(x, grid), rtol=1e-5, atol=1e-5)

@@ -134,6 +134,21 @@ def test_long_chain_is_one_kernel_until_max_ops():
     assert refusals(stats) == [("%3", "max-ops", "max-ops=16 reached (the groups have 4 + 16 ops)")]
 
 
+def test_ops_a_kernel_would_recompute_per_broadcast_element_are_computed_once():
+    """Six ops on a row of 8, added to each of 64 rows: fused, the kernel would compute each of
+    them 64 times per element of the row. Past four such ops the rest stay in a kernel of their
+    own. Over 3 rows (less than 4x) the chain is one kernel."""
+    def build(b, x, y):
+        for name in ("cuvil.sin", "cuvil.exp", "cuvil.tanh", "cuvil.neg", "cuvil.sin", "cuvil.exp"):
+            y = b(name, y)
+        return b("cuvil.add", x, y)
+    stats = fuse(module(build, T(64, 8), T(8)))
+    assert summaries(stats) == [("elementwise", "sin + exp"), ("elementwise", "tanh + neg + sin + exp + add")]
+    assert refusals(stats) == [("%1", "recompute", "the kernel of %6 would recompute 6 elementwise ops it reads "
+                                "broadcast, each at least 4x (max 4): they are computed once, in memory")]
+    assert summaries(fuse(module(build, T(3, 8), T(8)))) == [("elementwise", "sin + exp + tanh + neg + sin + exp + add")]
+
+
 def test_op_without_native_lowering_is_refused():
     before = dict(OP_REGISTRY)
     try:
