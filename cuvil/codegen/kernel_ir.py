@@ -212,7 +212,7 @@ class FuncSig:
     result: str              # "same" (the argument dtype) or "bool"
 
 
-_UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan",
+_UNARY_FLOAT = ("exp", "exp_ftz", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan",
                 "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
                 "floor", "ceil", "round", "trunc", "reciprocal")
 FUNCS: dict[str, FuncSig] = {

@@ -916,7 +916,7 @@ def sdpa(lw, op):
             top = lw.let(call("select", call("eq", top, Const(-math.inf, DType.f32)), zero, top), "top")
 
             def unnormalised(jv):   # exp(logit - max), kept in the scores row for the scaling pass
-                e = lw.let(call("exp", call("sub", read(jv[0]), top)), "e")
+                e = lw.let(call("exp_ftz", call("sub", read(jv[0]), top)), "e")
                 lw.emit(Store(scores, [p, r, jv[0]], e))
                 return e
             total = lw.reduce("sum", [("j", 0, S)], unnormalised, DType.f32)

@@ -71,7 +71,7 @@ SUM_INTERLEAVE = 4
 # Independent vectors a latency-bound elementwise loop works on at once (`_latency_bound`); the
 # 20-op chain with six transcendental ops measured 29 -> 19 -> 18 us per 4096 elements for 1, 2, 4
 LATENCY_INTERLEAVE = 4
-LATENCY_FUNCS = frozenset({"exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin",
+LATENCY_FUNCS = frozenset({"exp", "exp_ftz", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin",
                            "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "pow", "sqrt", "rsqrt",
                            "div", "reciprocal"})
 PAIRWISE_DEPTH = 64
@@ -952,7 +952,7 @@ FLOAT_OPS: dict[str, Callable] = {
     "sign": _float_sign,
     "floordiv": _float_floordiv,
     "rem": _float_rem,
-    **{f: _math(f) for f in ("exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan",
+    **{f: _math(f) for f in ("exp", "exp_ftz", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan",
                              "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "atan2", "fmod")},
     **{c: (lambda p: lambda em, x, y: em.b.fcmp_ordered(p, x, y))(p)
        for c, p in (("eq", "=="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},

@@ -1057,12 +1057,12 @@ def _softmax(lw, op, axes, full, full_index):
         # the sum pass keeps exp(x - max) in the output; the store pass only scales it (not when an
         # epilogue in the group reads the softmax too: it could read the output already scaled)
         def exp_kept(vars):
-            e = lw.let(call("exp", call("sub", cast(lw.value(op.operands[0], full_index(vars)), dtype), m)), "e")
+            e = lw.let(call("exp_ftz", call("sub", cast(lw.value(op.operands[0], full_index(vars)), dtype), m)), "e")
             lw.emit(Store(out[1], full_index(vars), e))
             return e
         s = lw.reduce("sum", _ranges(axes, full), exp_kept, dtype)
         return {"kept": out[1], "inv": lw.let(call("div", const(1.0, dtype), s), "inv")}
-    s = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype, lambda e: call("exp", call("sub", e, m)))
+    s = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype, lambda e: call("exp_ftz", call("sub", e, m)))
     if op.name == "cuvil.log_softmax":
         return {"max": m, "shift": lw.let(call("add", m, call("log", s)), "shift")}
     return {"max": m, "inv": lw.let(call("div", const(1.0, dtype), s), "inv")}
@@ -1121,7 +1121,7 @@ def _softmax_out(lw, op, vars, idx):
     x = cast(lw.value(op.operands[0], idx), compute_dtype(op.results[0].type.dtype))
     if op.name == "cuvil.log_softmax":
         return call("sub", x, vars["shift"])
-    return call("mul", call("exp", call("sub", x, vars["max"])), vars["inv"])
+    return call("mul", call("exp_ftz", call("sub", x, vars["max"])), vars["inv"])
 
 
 def _norm_out(lw, op, vars, idx):

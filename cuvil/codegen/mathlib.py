@@ -168,6 +168,20 @@ def _exp(o: Ops, x, low: bool = True, high: bool = True, narrow: bool = False):
     return o.sel(zero, o.c(0.0), y) if low else y
 
 
+EXP_FTZ = -87.33654022216797   # the float just above ln(2^-126): below ln(2^-126) exp is a denormal
+
+
+def _exp_ftz(o: Ops, x):
+    # softmax's exp(x - max) (x <= 0, or NaN): results below the smallest normal float are 0. They
+    # are under 2^-126 of a sum of at least 1. A denormal costs a microcode assist when it is made
+    # and again in each product that reads it: a row of them made Swin's attention 6x slower
+    # and the linear after it 60x (eager's flash-attention kernel gave 0 there). The argument is
+    # clamped first so that no lane computes a denormal on its way to the 0 selected for it.
+    ftz = o.cmp("<", x, o.c(EXP_FTZ))
+    y = _exp(o, o.sel(ftz, o.c(EXP_FTZ), x), low=False, high=False, narrow=True)
+    return o.sel(ftz, o.c(0.0), y)
+
+
 SHIFTER = 12582912.0        # 1.5 * 2^23: adding it rounds an f32 of magnitude below 2^22 to an integer
 
 
@@ -580,7 +594,7 @@ def _atanh64(o: Ops, x):
     return o.binary("copysign", o.sel(o.cmp("<", a, o.c(0.125)), _odd_series(o, a, ATANH), large), x)
 
 
-F32_FUNCS = {"exp": _exp, "log": _log,
+F32_FUNCS = {"exp": _exp, "exp_ftz": _exp_ftz, "log": _log,
              # the forms for arguments known to lie where the special cases cannot arise (value_range.py)
              "exp.narrow": lambda o, x: _exp(o, x, low=False, high=False, narrow=True),
              "log.normal": lambda o, x: _log(o, x, normal=True),

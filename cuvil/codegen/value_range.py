@@ -121,6 +121,7 @@ RULES: dict[str, Callable[..., Span]] = {
     "abs": _abs,
     "sqrt": _sqrt,
     "exp": _monotonic(_exp),
+    "exp_ftz": _monotonic(_exp),
     "log": _log,
     "tanh": _monotonic(_tanh),
     "sigmoid": _monotonic(_sigmoid),

@@ -10,7 +10,7 @@ from cuvil.codegen import llvm_emit
 from cuvil.codegen.call import call_kernel
 from cuvil.codegen.jit import compile_kernels
 from cuvil.codegen.kernel_text import parse_kernels
-from cuvil.codegen.mathlib import MathLib
+from cuvil.codegen.mathlib import EXP_FTZ, MathLib
 from cuvil.codegen.target import Target
 
 UNARY = ["exp", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin", "acos", "sinh",
@@ -31,6 +31,8 @@ KERNELS = (
     "  parallel for i in 0..s0 {\n    %out[i] = pow(%a[i], %b[i])\n  }\n}\n"
     "kernel @angle(%y: in f32[s0], %x: in f32[s0], %out: out f32[s0]) dims(s0) {\n"
     "  parallel for i in 0..s0 {\n    %out[i] = atan2(%y[i], %x[i])\n  }\n}\n"
+    "kernel @flushed(%x: in f32[s0], %out: out f32[s0]) dims(s0) {\n"
+    "  parallel for i in 0..s0 {\n    %out[i] = exp_ftz(%x[i])\n  }\n}\n"
     "kernel @modulo(%x: in f32[s0], %y: in f32[s0], %fmod: out f32[s0], %rem: out f32[s0]) dims(s0) {\n"
     "  parallel for i in 0..s0 {\n    %fmod[i] = fmod(%x[i], %y[i])\n    %rem[i] = rem(%x[i], %y[i])\n  }\n}\n")
 
@@ -104,6 +106,19 @@ def test_unary_special_values(compiled):
         zeros = special[3:] == 0                # signed zeros (a NaN's sign means nothing)
         assert torch.equal(torch.signbit(out[3:5][zeros]), torch.signbit(special[3:][zeros])), name
         assert max_ulp(out[5:], REFERENCE[name](x[5:].double())) <= MAX_ULP[name], name
+
+
+def test_softmax_exp_is_0_below_the_smallest_normal_float(compiled):
+    """exp_ftz, softmax's exp(x - max) (x <= 0): exp's accuracy down to 2^-126, 0 below it (no
+    denormal ever made), 0 at -inf and NaN for NaN."""
+    x = torch.cat([-torch.logspace(-38, 2.1, 200_001), torch.linspace(-110, 0, 100_001),
+                   torch.tensor([0.0, -0.0, EXP_FTZ, -87.3366, float("-inf"), float("nan")])]).float()
+    out = torch.empty_like(x)
+    call_kernel(compiled, "flushed", [x, out], split=4)
+    normal = x >= EXP_FTZ
+    assert max_ulp(out[normal], torch.exp(x[normal].double())) <= MAX_ULP["exp"]
+    assert out[normal].min() >= 2.0 ** -126
+    assert (out[~normal & ~x.isnan()] == 0).all() and out[-1].isnan()
 
 
 def test_sin_cos_far_from_zero(compiled):

@@ -1,4 +1,7 @@
-"""Attention: a fully masked row attends to nothing (eager PyTorch gives zeros there, so must Cuvil); K^T and V packed at run time; a dynamic head dim; keys and values with fewer heads than the queries."""
+"""Attention: a fully masked row attends to nothing (eager PyTorch gives zeros there, so must Cuvil);
+weights below the smallest normal float are 0 (no denormals, which slow every product that reads them); K^T and V packed at run time; a dynamic head dim; keys and values with fewer heads than the queries."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,3 +81,23 @@ def test_keys_and_values_with_fewer_heads(kind, extra):
 
     q, k, v = torch.randn(2, 4, 12, 16), torch.randn(2, heads, 12, 16), torch.randn(2, heads, 12, 8)
     torch.testing.assert_close(cuvil.compile(f)(q, k, v), f(q, k, v))
+
+
+def test_weights_below_the_smallest_normal_float_are_0():
+    """Swin's masks add -100 across windows: exp(-100) is a denormal float (3.7e-44). Cuvil gives 0
+    there (mathlib `exp_ftz`), as eager's flash-attention kernel did in Swin (its outputs there
+    were exact zeros); here eager gives denormals, less than 2^-126 from Cuvil's 0. Before, a row
+    of such weights over values of 0 (Swin's padding) gave denormal outputs, and the linear after
+    it ran 60x slower. Softmax likewise."""
+    q, k = torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4)
+    v = torch.tensor([[[[1.0] * 4, [0.0] * 4, [0.0] * 4]]])
+    mask = torch.tensor([[[[-100.0, 0.0, 0.0], [-90.0, 0.0, 0.0], [-50.0, 0.0, 0.0]]]])
+    got = cuvil.compile(Attention(), cache=False)(q, k, v, mask)
+    expected = Attention()(q, k, v, mask)
+    assert torch.equal(got[..., :2, :], torch.zeros(1, 1, 2, 4))        # eager's too
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=2.0 ** -126)
+    x = torch.tensor([[0.0, -50.0, -87.0, -90.0, -100.0, float("-inf")]])
+    softmax = cuvil.compile(lambda x: (torch.softmax(x, -1), torch.log_softmax(x, -1)), cache=False)(x)
+    torch.testing.assert_close(softmax[0], torch.tensor([[1.0, math.exp(-50), math.exp(-87), 0, 0, 0]]), rtol=1e-6, atol=0)
+    assert not ((softmax[0] > 0) & (softmax[0] < 2.0 ** -126)).any()
+    torch.testing.assert_close(softmax[1], torch.log_softmax(x, -1), rtol=0, atol=0)
