@@ -397,16 +397,23 @@ def test_an_encoder_decoder_generates_as_eager(name):
     assert compiled.num_variants == 3
 
 
+def generate_eager_then_compiled(model, ids: torch.Tensor, tokens: int):
+    """Greedy `generate` of `tokens` tokens in eager, then with `model.forward` compiled: (eager's
+    tokens, Cuvil's, the compiled forward)."""
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+        model.forward = compiled = cuvil.compile(model.forward, cache=False)
+        got = model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    return want, got, compiled
+
+
 def test_a_one_token_prompt_decodes_as_eager():
     """The first step after a one-token prompt has a cache of length 1, which torch.export fixes
     (it failed: "Cannot create Dim with inconsistent min=1, max=1"); it compiles static, and the
     steps after it dynamic."""
     model = randomize(DECODERS["llama"]())
     ids = torch.randint(1, 100, (1, 1), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
-        model.forward = compiled = cuvil.compile(model.forward, cache=False)
-        got = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    want, got, compiled = generate_eager_then_compiled(model, ids, 8)
     assert torch.equal(got, want)
     assert compiled.num_variants == 3
 
@@ -444,11 +451,7 @@ def test_a_mixture_of_experts_decodes_as_eager(name):
     with torch.no_grad():
         want, exact = model(ids).logits, fp64(ids).logits.float()
     assert float((got - exact).abs().max()) <= 2 * float((want - exact).abs().max()) + 1e-5 * float(exact.abs().max())
-    ids = torch.randint(1, 100, (2, 6), generator=gen)
-    with torch.no_grad():
-        want = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
-        model.forward = cuvil.compile(model.forward, cache=False)
-        got = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    want, got, _ = generate_eager_then_compiled(model, torch.randint(1, 100, (2, 6), generator=gen), 10)
     assert torch.equal(got, want)
 
 
@@ -472,10 +475,7 @@ def test_complex_rotary_embeddings_decode_as_eager(name):
     (frontend/complex_pairs.py). generate's greedy tokens from a batch of two are eager's."""
     model = randomize(COMPLEX_ROTARY[name]())
     ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        want = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
-        model.forward = compiled = cuvil.compile(model.forward, cache=False)
-        got = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    want, got, compiled = generate_eager_then_compiled(model, ids, 10)
     assert torch.equal(got, want)
     assert compiled.num_variants == 2
 
