@@ -5,12 +5,15 @@ Rotary embeddings written the way Meta's Llama code writes them (Llama 4's, and 
 it) multiply by complex numbers: `torch.polar(ones, angles)` or `torch.exp(1j * angles)`, then
 `view_as_complex(q.reshape(..., -1, 2)) * freqs` and `view_as_real(...)`. Here `view_as_complex`
 and `view_as_real` become nothing, a complex product the four real products it is, and a view of
-a complex tensor the same view with the pair dim kept last. The importer then sees real ops only.
+a complex tensor the same view with the pair dim kept last. A Fourier transform along dims of static
+size (FNet's `torch.fft.fftn(x, dim=(1, 2)).real`) is products by its cosine and sine matrices.
+The importer then sees real ops only.
 Complex parameters and constants are read as their pairs (`as_pairs`). A complex input or output
 of the model, and any other op on complex values, is refused by name with its source line.
 """
 from __future__ import annotations
 
+import math
 from numbers import Number
 
 import torch
@@ -41,6 +44,7 @@ def complex_as_pairs(ep: torch.export.ExportedProgram) -> bool:
         return False
     user_inputs = {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
     pairs: dict[Node, Node] = {}        # each complex node -> the real node of its pairs
+    joined: dict[Node, tuple] = {}       # pairs made here -> the (real, imaginary) parts they joined
     rewritten = []
     for node in list(graph.nodes):
         if node.op == "placeholder" and is_complex(node):
@@ -50,11 +54,12 @@ def complex_as_pairs(ep: torch.export.ExportedProgram) -> bool:
             node.meta["val"] = torch.view_as_real(node.meta["val"])     # its tensor: `as_pairs`
             pairs[node] = node
         elif node.op == "call_function" and (is_complex(node) or any(a in pairs for a in node.all_input_nodes)):
-            r = _Rewrite(graph, node, pairs)
+            r = _Rewrite(graph, node, pairs, joined)
             rule = _RULES.get(node.target)
             if rule is None:
                 r.refuse("Cuvil computes complex numbers as pairs of floats through polar, complex, exp, "
-                         "view_as_complex/view_as_real, +, -, *, /, abs, angle and views; not this op")
+                         "view_as_complex/view_as_real, +, -, *, /, abs, angle, real/imag, fft/ifft/rfft "
+                         "and views; not this op")
             new = rule(r, *node.args, **node.kwargs)
             if is_complex(node):
                 pairs[node] = new
@@ -69,16 +74,29 @@ def complex_as_pairs(ep: torch.export.ExportedProgram) -> bool:
                                                   "the model returns a complex tensor; return torch.view_as_real of it")
     for node in reversed(rewritten):
         graph.erase_node(node)
+    _select_parts(joined)
     ep.graph_module.recompile()
     return True
+
+
+def _select_parts(joined: dict[Node, tuple]) -> None:
+    """`.real` and `.imag` (a select of the pair dim) of pairs joined here read the part itself, so
+    that a part no one reads is not computed (FNet keeps the real part of its transform)."""
+    for pair, parts in joined.items():
+        last = pair.meta["val"].dim() - 1
+        for user in list(pair.users):
+            if user.target is aten.select.int and user.args[1] in (-1, last) and \
+                    isinstance(part := parts[user.args[2]], Node):
+                user.replace_all_uses_with(part)
+                user.graph.erase_node(user)
 
 
 class _Rewrite:
     """The real nodes that stand for one complex-touching node, emitted before it with its source
     location and with torch's result metadata."""
 
-    def __init__(self, graph: Graph, node: Node, pairs: dict[Node, Node]):
-        self.graph, self.node, self.pairs = graph, node, pairs
+    def __init__(self, graph: Graph, node: Node, pairs: dict[Node, Node], joined: dict[Node, tuple]):
+        self.graph, self.node, self.pairs, self.joined = graph, node, pairs, joined
 
     def refuse(self, detail: str):
         frame = node_frame(self.node)
@@ -102,10 +120,15 @@ class _Rewrite:
             self.refuse(f"operand {a!r} is not complex")
         return self.pairs[a]
 
-    def parts(self, a) -> tuple[Part, Part]:
-        """(real, imaginary) of any operand: a complex or real tensor, or a number."""
+    def parts(self, a, numbers: bool = False) -> tuple[Part, Part]:
+        """(real, imaginary) of any operand: a complex or real tensor, or a number. A complex
+        tensor's parts are tensors, unless `numbers` (the caller folds numbers): then a part it
+        was joined from as a number (a real tensor's imaginary part, 0) comes back as the number."""
         if self.complex(a):
             z = self.pairs[a]
+            joined = self.joined.get(z)
+            if joined is not None and (numbers or all(isinstance(p, Node) for p in joined)):
+                return joined
             return self.call(aten.select.int, z, -1, 0), self.call(aten.select.int, z, -1, 1)
         if isinstance(a, complex):
             return a.real, a.imag
@@ -113,10 +136,14 @@ class _Rewrite:
 
     def join(self, re: Part, im: Part) -> Node:
         """The pairs of (re, im), either of which may be a number when the other is a tensor."""
+        parts = re, im
         re = re if isinstance(re, Node) else self.call(aten.full_like.default, im, re)
         im = im if isinstance(im, Node) else self.call(aten.full_like.default, re, im)
-        return self.call(aten.cat.default, [self.call(aten.unsqueeze.default, re, -1),
+        pair = self.call(aten.cat.default, [self.call(aten.unsqueeze.default, re, -1),
                                             self.call(aten.unsqueeze.default, im, -1)], -1)
+        if re.meta["val"].shape == im.meta["val"].shape:      # (parts that broadcast are not its parts)
+            self.joined[pair] = parts
+        return pair
 
     def dim(self, d: int, rank: int) -> int:
         """Dim `d` of a complex tensor of `rank` dims as a dim of its pairs (the pair dim stays last)."""
@@ -166,7 +193,7 @@ def _add(r: _Rewrite, a, b, alpha=1, op=aten.add.Tensor):
     if r.complex(a) and r.complex(b):       # pairs add as pairs
         b = r.pair(b) if alpha == 1 else r.call(aten.mul.Tensor, r.pair(b), alpha)
         return r.call(op, r.pair(a), b)
-    (ar, ai), (br, bi) = r.parts(a), r.parts(b)
+    (ar, ai), (br, bi) = r.parts(a, numbers=True), r.parts(b, numbers=True)
     mul = aten.mul.Tensor
     br, bi = _binary(mul, r, br, alpha), _binary(mul, r, bi, alpha)
     return r.join(_binary(op, r, ar, br), _binary(op, r, ai, bi))
@@ -184,7 +211,7 @@ def _mul(r: _Rewrite, a, b):
     if r.complex(a) != r.complex(b) and not isinstance(b if r.complex(a) else a, complex):
         z, x = (a, b) if r.complex(a) else (b, a)       # a real factor scales both parts
         return r.call(aten.mul.Tensor, r.pair(z), r.call(aten.unsqueeze.default, x, -1) if isinstance(x, Node) else x)
-    (ar, ai), (br, bi) = r.parts(a), r.parts(b)
+    (ar, ai), (br, bi) = r.parts(a, numbers=True), r.parts(b, numbers=True)
     m = aten.mul.Tensor
     return r.join(_binary(aten.sub.Tensor, r, _binary(m, r, ar, br), _binary(m, r, ai, bi)),
                   _binary(aten.add.Tensor, r, _binary(m, r, ar, bi), _binary(m, r, ai, br)))
@@ -241,7 +268,7 @@ def _same(r: _Rewrite, z, *rest, **kwargs):      # clone, alias, a copy to the s
     return r.pair(z)
 
 
-def _to_copy(r: _Rewrite, x, dtype=None, **_):
+def _to_copy(r: _Rewrite, x, dtype=None, *_, **__):
     val = r.node.meta["val"]
     if not val.is_complex():                    # complex -> real keeps the real part, as torch does
         return _cast(r, r.parts(x)[0], val.dtype)
@@ -259,6 +286,61 @@ def _cast(r: _Rewrite, x: Node, dtype: torch.dtype) -> Node:
     new.meta.update({k: r.node.meta[k] for k in _META if k in r.node.meta})
     new.meta["val"] = x.meta["val"].to(dtype)
     return new
+
+
+def _fft_c2c(r: _Rewrite, z, dims, normalization: int, forward: bool):
+    return r.join(*_fft_parts(r, *r.parts(z, numbers=True), dims, normalization, forward))
+
+
+def _fft_parts(r: _Rewrite, re, im, dims, normalization: int, forward: bool) -> tuple[Node, Node]:
+    """The discrete Fourier transform along each of `dims` (static sizes) as products by its cosine
+    and sine matrices: Y_j = sum_k z_k e^(-+2 pi i jk/n). Their angles are 2 pi (jk mod n)/n, from
+    integer jk, and the matrices depend on no input: `fold-constants` computes them at compile time.
+    n^2 work per row where an FFT takes n log n: meant for the sizes of a model's layers (FNet)."""
+    re, im = (p if isinstance(p, Node) or p == 0 else r.call(aten.full_like.default, q, p)
+              for p, q in ((re, im), (im, re)))
+    shape = (re if isinstance(re, Node) else im).meta["val"].shape
+    sign = -1.0 if forward else 1.0
+    m = aten.mul.Tensor
+    for d in dims:
+        n = shape[d]
+        if not isinstance(n, int):
+            r.refuse(f"a Fourier transform along a dynamic dim ({n})")
+        k = r.call(aten.arange.default, n)
+        angle = r.call(m, r.call(aten.remainder.Scalar, r.call(m, r.call(aten.unsqueeze.default, k, 1), k), n),
+                       2 * math.pi / n)
+        cos = r.call(aten.cos.default, angle)
+        sin = r.call(m, r.call(aten.sin.default, angle), sign)     # the imaginary part of e^(-+i angle)
+        perm = [i for i in range(len(shape)) if i != d] + [d]
+        back = sorted(range(len(shape)), key=lambda i: perm[i])
+        # a part that is 0 (a real input's imaginary part) takes no product
+        rows = [r.call(aten.permute.default, part, perm) if isinstance(part, Node) else 0 for part in (re, im)]
+        products = {(a, b): r.call(aten.matmul.default, rows[a], mat) if isinstance(rows[a], Node) else 0
+                    for a in (0, 1) for b, mat in enumerate((cos, sin))}
+        re, im = (r.call(aten.permute.default, part, back) for part in (
+            _binary(aten.sub.Tensor, r, products[0, 0], products[1, 1]),      # re cos - im sin
+            _binary(aten.add.Tensor, r, products[1, 0], products[0, 1])))     # im cos + re sin
+    scale = {0: 1.0, 1: 1 / math.sqrt(math.prod(shape[d] for d in dims)), 2: 1 / math.prod(shape[d] for d in dims)}
+    if scale[normalization] != 1.0:
+        re, im = r.call(m, re, scale[normalization]), r.call(m, im, scale[normalization])
+    return re, im
+
+
+def _fft_r2c(r: _Rewrite, x, dims, normalization: int, onesided: bool):
+    """A real input's transform; `onesided` keeps the last dim's first n//2 + 1 (the rest mirror them)."""
+    re, im = _fft_parts(r, x, 0, dims, normalization, True)
+    if onesided:
+        last, n = dims[-1], x.meta["val"].shape[dims[-1]]
+        re, im = (r.call(aten.slice.Tensor, part, last, 0, n // 2 + 1) for part in (re, im))
+    return r.join(re, im)
+
+
+def _real(r: _Rewrite, z):
+    return r.parts(z)[0]
+
+
+def _imag(r: _Rewrite, z):
+    return r.parts(z)[1]
 
 
 # views and copies: the same op on the pairs, with the pair dim kept last
@@ -346,9 +428,15 @@ _RULES = {
     aten._assert_tensor_metadata.default: _checked,
     aten.view_as_complex.default: _view_as_complex,
     aten.view_as_real.default: _view_as_real,
+    aten._fft_c2c.default: _fft_c2c,
+    aten._fft_r2c.default: _fft_r2c,
+    aten.real.default: _real,
+    aten.imag.default: _imag,
     aten.clone.default: _same,
     aten.alias.default: _same,
     aten._to_copy.default: _to_copy,
+    aten.to.dtype: _to_copy,
+    aten.to.dtype_layout: _to_copy,
     aten.view.default: _sized,
     aten._unsafe_view.default: _sized,
     aten.reshape.default: _sized,

@@ -65,6 +65,20 @@ def test_complex_arithmetic_is_eagers():
     _close(cuvil.compile(model, cache=False)(x, t), model(x, t))
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.view_as_real(torch.exp(x.to(torch.complex64))),
+    lambda x: x.to(torch.complex64).abs(),
+    lambda x: (x.to(torch.complex64) * 2).real + x.to(torch.complex64).imag,
+    lambda x: (x.to(torch.complex64).conj() * 1j).angle(),
+    lambda x: torch.view_as_real(torch.full_like(x.to(torch.complex64), 2 + 1j) * x),
+    lambda x: (x.to(torch.complex64) + 1j).to(torch.float32),
+], ids=["exp", "abs", "real-imag", "angle-conj", "full_like", "to-real"])
+def test_a_real_tensor_made_complex(fn):
+    """A real tensor cast to complex: its imaginary part is known to be 0 (no ops computed for it)."""
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(cuvil.compile(fn, cache=False)(x), fn(x))
+
+
 def test_a_complex_input_an_output_or_op_is_refused_by_name():
     with pytest.raises(CuvilUnsupportedOpError, match=r"input 'z' is complex.*view_as_real\(z\)"):
         cuvil.compile(lambda z: z * 2, cache=False)(torch.randn(3, dtype=torch.complex64))
@@ -75,3 +89,34 @@ def test_a_complex_input_an_output_or_op_is_refused_by_name():
         return torch.view_as_real(torch.sin(torch.view_as_complex(x)))
     with pytest.raises(CuvilUnsupportedOpError, match=r"'aten.sin.default': on complex values.*\n.*test_complex_pairs.py"):
         cuvil.compile(sine, cache=False)(torch.randn(3, 2))
+
+
+@pytest.mark.parametrize("transform", [
+    lambda x: torch.fft.fftn(x, dim=(1, 2)).real,                                  # FNet's mixing
+    lambda x: torch.view_as_real(torch.fft.fft(x, dim=-1)),
+    lambda x: torch.view_as_real(torch.fft.ifft(torch.fft.fft(x, dim=1, norm="ortho"), dim=1)),
+    lambda x: torch.fft.fft2(x, norm="forward").imag,
+    lambda x: torch.view_as_real(torch.fft.rfft(x, dim=-1)),                       # one-sided: n//2 + 1
+], ids=["fftn-real", "fft", "ifft-of-fft", "fft2-imag", "rfft"])
+def test_fourier_transforms_of_static_sizes_are_eagers(transform):
+    """The transform as products by its cosine and sine matrices, along each dim."""
+    x = torch.randn(2, 12, 7, generator=torch.Generator().manual_seed(3))
+    want = transform(x)
+    torch.testing.assert_close(cuvil.compile(transform, cache=False)(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_fnet_mixes_tokens_with_a_fourier_transform_as_eager():
+    """FNet was refused at its complex FFT (`torch.fft.fftn(x, dim=(1, 2)).real`)."""
+    import transformers
+    model = transformers.FNetModel(transformers.FNetConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64)).eval()
+    ids = torch.randint(1, 100, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+    got = cuvil.compile(model, cache=False)(ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fourier_transform_along_a_dynamic_dim_is_refused_by_name():
+    with pytest.raises(CuvilUnsupportedOpError, match="Fourier transform along a dynamic dim"):
+        cuvil.compile(lambda x: torch.fft.fft(x, dim=0).real, dynamic={"x": {0: "n"}}, cache=False)(torch.randn(6, 3))
