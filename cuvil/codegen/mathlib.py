@@ -174,8 +174,8 @@ EXP_FTZ = -87.33654022216797   # the float just above ln(2^-126): below ln(2^-12
 def _exp_ftz(o: Ops, x):
     # softmax's exp(x - max) (x <= 0, or NaN): results below the smallest normal float are 0. They
     # are under 2^-126 of a sum of at least 1. A denormal costs a microcode assist when it is made
-    # and again in each product that reads it: a row of them made Swin's attention 6x slower
-    # and the linear after it 60x (eager's flash-attention kernel gave 0 there). The argument is
+    # and again in each product that reads it: a row of them made Swin's attention 5.5x slower
+    # and the linear after it 75x (eager's flash-attention kernel gave 0 there). The argument is
     # clamped first so that no lane computes a denormal on its way to the 0 selected for it.
     ftz = o.cmp("<", x, o.c(EXP_FTZ))
     y = _exp(o, o.sel(ftz, o.c(EXP_FTZ), x), low=False, high=False, narrow=True)
