@@ -532,7 +532,7 @@ class CompiledModel:
                  on_fallback: Callable[[str], None] | None = None):
         if not callable(target):
             raise CuvilError(f"cuvil.compile takes a function or an nn.Module, not a {type(target).__name__}")
-        self.target = target
+        self.target = _inspectable(target)
         self.options = options or CompileOptions()
         self._variants: tuple[Variant, ...] = ()
         self._fast: tuple = ()          # the variants' native fast paths (`fast_path`)
@@ -1060,7 +1060,14 @@ def canonical_call(signature: inspect.Signature, args: tuple, kwargs: dict, what
         bound = signature.bind(*args, **kwargs)
     except TypeError as e:
         raise CuvilError(f"the call does not match {what}: {e}") from None
-    return (bound.args, {}) if not bound.kwargs else ((), _flat_arguments(bound))
+    if not bound.kwargs:
+        return bound.args, {}
+    spread = next((p.name for p in signature.parameters.values()
+                   if p.kind is p.VAR_POSITIONAL and bound.arguments.get(p.name)), None)
+    if spread is not None:     # every argument by name is the one form; *args has none
+        raise CuvilError(f"the call passes keywords and arguments that land in *{spread} of {what}: "
+                         f"pass them all positionally, or compile a function that names its parameters")
+    return (), _flat_arguments(bound)
 
 
 def _flat_arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
@@ -1070,6 +1077,21 @@ def _flat_arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
         if p.kind is p.VAR_KEYWORD:
             arguments.update(arguments.pop(p.name, {}))
     return arguments
+
+
+def _inspectable(target: Callable) -> Callable:
+    """`target`, or where Python cannot read its signature (a builtin such as `torch.tanh`), a
+    function of positional arguments that calls it."""
+    if isinstance(target, nn.Module):
+        return target
+    try:
+        inspect.signature(target)
+        return target
+    except (TypeError, ValueError):
+        def call(*args):
+            return target(*args)
+        call.__name__ = call.__qualname__ = getattr(target, "__name__", "forward")
+        return call
 
 
 def _named(fn: Callable, example) -> dict[str, Any]:

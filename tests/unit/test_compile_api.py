@@ -101,6 +101,22 @@ def test_keyword_arguments():
         m(x, x=x)
 
 
+def test_builtins_and_star_args():
+    # Python cannot read the signature of a builtin such as torch.tanh: it is called positionally
+    x = torch.randn(4, 8)
+    tanh = cuvil.compile(torch.tanh)
+    torch.testing.assert_close(tanh(x), torch.tanh(x))
+    add = cuvil.compile(torch.add)
+    torch.testing.assert_close(add(x, x), x + x)
+    with pytest.raises(cuvil.CuvilError, match="does not match add's signature: got an unexpected keyword"):
+        add(x, x, alpha=2)
+    # *args with keywords has no one form that names every argument
+    clamp = cuvil.compile(lambda *a, **k: torch.clamp(*a, **k))
+    torch.testing.assert_close(clamp(x, torch.tensor(0.1)), torch.clamp(x, torch.tensor(0.1)))
+    with pytest.raises(cuvil.CuvilError, match=r"keywords and arguments that land in \*a"):
+        clamp(x, min=torch.tensor(0.1))
+
+
 def test_a_keyword_after_a_skipped_parameter_and_a_flag():
     # Hugging Face style: forward(input_ids, attention_mask=None, ..., use_cache=None), called with
     # the ids and a flag by name; the flag is a constant of the variant
