@@ -1256,7 +1256,7 @@ def index_put(L: Lowering, x, indices, values, accumulate=False):
                       "named by one index tensor)")
     (d,), index = picked, indices[picked[0]]
     if index.type.dtype is DType.bool:
-        L.unsupported("a bool mask as the index (the rows it selects depend on its values)")
+        return _masked_put(L, x, d, index, values, accumulate)
     if index.type.rank != 1:
         L.unsupported(f"an index of rank {index.type.rank} (Cuvil's index_put takes a 1-d index)")
     if accumulate and x.type.dtype is DType.bool:
@@ -1275,6 +1275,30 @@ def index_put(L: Lowering, x, indices, values, accumulate=False):
     y = L.op("cuvil.index_put", L.op("cuvil.permute", x, perm=front), index, L.op("cuvil.permute", values, perm=front),
              accumulate=bool(accumulate))
     return L.op("cuvil.permute", y, perm=back)
+
+
+def _masked_put(L: Lowering, x, d, mask, values, accumulate):
+    """`x[mask] = values` (`x[:, mask] = ...`, `+=` with accumulate) where the values do not run
+    along the selected elements (a number, or one row for each: `input_ids[image_mask] = 0`): every
+    selected element gets the same values, so it is where(mask, values, x), and no size depends on
+    the mask's values. The mask covers x's dims from d on (torch checks its sizes)."""
+    values = L.cast(values, x.type.dtype)
+    shape = list(values.type.shape)
+    while shape and shape[0] == 1:        # torch broadcasts leading 1s away
+        shape.pop(0)
+    rest = x.type.rank - d - mask.type.rank         # the dims after the mask's, taken whole
+    if len(shape) > rest:
+        L.unsupported("a bool mask as the index with values for each selected element (how many it selects "
+                      "depends on its values)")
+    if len(shape) != values.type.rank:
+        values = L.op("cuvil.reshape", values, shape=shape)
+    if rest:
+        mask = L.op("cuvil.reshape", mask, shape=list(mask.type.shape) + [1] * rest)
+    if accumulate:
+        if x.type.dtype is DType.bool:
+            L.unsupported("accumulating into a bool tensor")
+        values = L.op("cuvil.add", x, values)
+    return L.op("cuvil.where", mask, values, x)
 
 
 def arange(L: Lowering, start, end, step=1, *_):

@@ -30,7 +30,7 @@ from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, 
                         windows_as_captured)
 from .complex_pairs import complex_as_pairs
 from .inplace import functionalize_local_inplace
-from .locations import exception_frame, record_user_frames
+from .locations import exception_frame, record_user_frames, user_stack_traces
 from ..runtime.exprs import binding
 from .size_conditions import SizeConditionError, check_kept_guards, check_size_conditions
 
@@ -210,7 +210,7 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
             _settle_open_dims(ep, hints, open_dims)
         return ep
     try:
-        with _TRACING, torch.no_grad():
+        with _TRACING, torch.no_grad(), user_stack_traces():
             # guards on sizes that are not bounds (wav2vec2's `1 % (n//20 - 1) != 0`), which torch's
             # solver cannot prove over the range, fail the export: export again with them as
             # `_assert_scalar` nodes, and decide them at every size (size_conditions.py). HF's mask

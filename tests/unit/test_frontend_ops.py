@@ -132,7 +132,22 @@ def padding(x: "f32[B,S]", i: "i64[B,6]"):
             F.pad(img, (-1, 3), mode="circular"), torch.constant_pad_nd(x, (0, 0, 1, 1), -1.0))
 
 
-@pytest.mark.parametrize("fn", [slicing, reshaping, splitting, indexing, factories, padding])
+def masked_puts(x: "f32[B,S]", i: "i64[B,S]"):
+    # x[mask] = v where v does not run along the selected elements: where(mask, v, x)
+    a = x.clone()
+    a[i > 1] = 0.5
+    rows = x.unsqueeze(-1).repeat(1, 1, 3)
+    rows[i == 0] = torch.tensor([1.0, 2.0, 3.0])
+    ids = i.clone()
+    ids[i == 2] = 7
+    b = x.clone()
+    b.index_put_((i < 2,), torch.tensor(1.5), accumulate=True)
+    c = x.clone()
+    c[:, i[0] > 0] = -1.0
+    return a, rows, ids, b, c
+
+
+@pytest.mark.parametrize("fn", [slicing, reshaping, splitting, indexing, factories, padding, masked_puts])
 def test_shapes_and_indexing(fn):
     check(fn)
 
@@ -317,6 +332,16 @@ def test_a_product_of_bool_tensors_is_refused_with_the_source_line():
         cuvil.compile(lambda a, b: a @ b, cache=False)(a, a)
     with pytest.raises(cuvil.CuvilError, match=r"aten.conv2d(.|\n)*bool tensors(.|\n)*test_frontend_ops.py:\d+"):
         cuvil.compile(lambda x, w: F.conv2d(x, w), cache=False)(a[None, None], a[None, None, :2, :2])
+
+
+def test_a_masked_put_of_values_for_each_selected_element_is_refused_with_the_source_line():
+    def put(x):
+        x = x.clone()
+        x[x > 0] = torch.arange(5.0)
+        return x
+    with pytest.raises(cuvil.CuvilError, match=r"aten.index_put(.|\n)*values for each selected element"
+                                               r"(.|\n)*test_frontend_ops.py:\d+"):
+        cuvil.compile(put, cache=False)(torch.randn(10))
 
 
 def _first_row_and_rest(x):
