@@ -41,7 +41,7 @@ from .codegen.grouping import grouping_for
 from .codegen.target import CROSS_TARGETS, Target
 from .compiler import Compilation, compile_module, paused_gc, pipeline_for, symbol_sizes
 from .errors import CuvilError, CuvilIndexError, warn_user
-from .index_inputs import index_bounds
+from .index_inputs import index_bounds, size_limits
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
@@ -155,10 +155,12 @@ class Guard:
 
     def __init__(self, in_spec: pytree.TreeSpec, symbols: dict[str, tuple[int, int]], hints: dict[str, str | None],
                  names: list[str], tensor_positions: list[int], checks: list[_TensorCheck], constants: dict[int, Any],
-                 imported: ImportResult | None = None):
+                 imported: ImportResult | None = None, limits: list[tuple[str, int | None, int | None, str]] = ()):
         self.in_spec, self.imported = in_spec, imported
         self.symbols = list(symbols)
         self.ranges = [tuple(symbols[s]) for s in self.symbols]
+        # (symbol, least value, largest value, why): a size outside eager refuses (`size_limits`)
+        self.limits = [limit for limit in limits if limit[0] in symbols]
         self.hints, self.names, self.tensor_positions = hints, names, tensor_positions
         self.checks, self.constants = checks, constants
         self.indices = [(k, c.values) for k, c in enumerate(checks) if c.values is not None]
@@ -196,7 +198,8 @@ class Guard:
         return Guard(imported.exported.call_spec.in_spec, dict(fn.symbols),
                      {s: (imported.symbols[s].hint if s in imported.symbols else None) for s in fn.symbols},
                      [a.name or f"input {i}" for i, a in enumerate(fn.args)], list(imported.tensor_positions),
-                     checks, {i: v for i, v in enumerate(example_leaves) if i not in tensors}, imported)
+                     checks, {i: v for i, v in enumerate(example_leaves) if i not in tensors}, imported,
+                     [(lim.symbol, lim.lo, lim.hi, lim.why) for lim in size_limits(fn)])
 
     def is_static(self, name: str, axis: int) -> bool:
         """Input `name`'s dim `axis` has one size in this variant."""
@@ -213,7 +216,7 @@ class Guard:
                 "tensor_positions": self.tensor_positions,
                 "checks": [[str(c.dtype).removeprefix("torch."), c.rank, c.static, c.bind, c.derived, c.values, c.scaled]
                            for c in self.checks],
-                "constants": [[i, v] for i, v in self.constants.items()]}
+                "constants": [[i, v] for i, v in self.constants.items()], "limits": [list(x) for x in self.limits]}
 
     @staticmethod
     def from_state(state: dict) -> "Guard":
@@ -223,7 +226,7 @@ class Guard:
                   for dtype, rank, static, bind, derived, *more in state["checks"]]
         return Guard(pytree.treespec_loads(state["in_spec"]), {s: tuple(r) for s, r in state["symbols"].items()},
                      state["hints"], state["names"], state["tensor_positions"], checks,
-                     {i: v for i, v in state["constants"]})
+                     {i: v for i, v in state["constants"]}, limits=[tuple(x) for x in state.get("limits", [])])
 
     def leaves(self, args: tuple, kwargs: dict) -> list | None:
         try:
@@ -274,10 +277,27 @@ class Guard:
                     return None
         return tensors, values
 
-    def check_indices(self, tensors) -> None:
-        """Raise as eager would where an index input holds a value its gather has no entry for
-        (a compiled gather would read NaN there: cuvil/index_inputs.py). Apart from `match`: a call
-        refused so is the caller's error, not a reason to compile another variant."""
+    def native_ranges(self) -> list[tuple[int, int]]:
+        """The symbol ranges the native fast path accepts: those of `match`, within the limits
+        (whose calls it leaves to `check_indices` to refuse)."""
+        ranges = list(self.ranges)
+        for s, lo, hi, _ in self.limits:
+            k = self.symbols.index(s)
+            ranges[k] = (max(ranges[k][0], lo if lo is not None else ranges[k][0]),
+                         min(ranges[k][1], hi if hi is not None else ranges[k][1]))
+        return ranges
+
+    def check_indices(self, tensors, values) -> None:
+        """Raise as eager would where an index input holds a value its gather has no entry for,
+        or a dynamic dim counts an arange past its gather's table (a compiled gather would read
+        NaN there: cuvil/index_inputs.py). Apart from `match`: a call refused so is the caller's
+        error, not a reason to compile another variant."""
+        for s, lo, hi, why in self.limits:
+            k = self.symbols.index(s)
+            v = values[k]
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                side = f"below {lo}" if lo is not None and v < lo else f"above {hi}"
+                raise CuvilIndexError(f"dim {self._symbol_name(k)} is {v}, {side}: {why} (eager PyTorch raises too)")
         for k, (lo, hi, what) in self.indices:
             x = tensors[k]
             if x.numel() and not (lo <= int(x.min()) and int(x.max()) <= hi):
@@ -446,7 +466,7 @@ def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
         result, rebuild = 1, None
     else:
         result, rebuild = 2, functools.partial(unflatten_outputs, spec)
-    return TensorCall(call.engine, _tensor_api(), inputs, outputs, guard.ranges, MISS, result, rebuild)
+    return TensorCall(call.engine, _tensor_api(), inputs, outputs, guard.native_ranges(), MISS, result, rebuild)
 
 
 @functools.cache
@@ -573,7 +593,7 @@ class CompiledModel:
         for v in self._variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
-                v.guard.check_indices(hit[0])
+                v.guard.check_indices(*hit)
                 return write_back(args, kwargs, v.run(*hit))
         unsupported = _unsupported_input(args, kwargs)
         if unsupported is not None and self.options.fallback != "eager":
@@ -585,7 +605,7 @@ class CompiledModel:
         if hit is None:
             raise CuvilError("internal error: a variant compiled for this call does not accept it: "
                              + "; ".join(m.text for m in variant.guard.mismatches(args, kwargs)))
-        variant.guard.check_indices(hit[0])
+        variant.guard.check_indices(*hit)
         return write_back(args, kwargs, variant.run(*hit))
 
     def _canonical(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

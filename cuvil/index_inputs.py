@@ -8,12 +8,17 @@ element reaches a gather's index operand unchanged (through reshapes, permutes, 
 integer casts: ops that keep every value, so the check refuses exactly the calls eager refuses),
 and the range the gather accepts; `Guard.match` (cuvil/compiled.py) and the native fast path
 (`TensorCall`) check them on every call.
+
+An index the model counts itself, `torch.arange(x.shape[1])` into a table of positions, runs past
+the table when the dynamic dim it counts to does: `size_limits` gives the largest value each such
+dim may take, and the guard refuses a larger one as eager does.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .ir.core import Function, Operation, Value
+from .runtime.exprs import binding
 
 # ops whose result holds every value of their first operand, and nothing else
 _KEEP_VALUES = frozenset({"cuvil.reshape", "cuvil.permute", "cuvil.expand", "cuvil.squeeze", "cuvil.unsqueeze",
@@ -58,6 +63,52 @@ def index_bounds(fn: Function) -> dict[int, IndexBound]:
                 bound = IndexBound(max(lo, old.lo), min(n - 1, old.hi), what)
             out[arg.index] = bound
     return out
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    symbol: str         # a dynamic dim may be ...
+    lo: int | None      # ... at least this
+    hi: int | None      # ... and at most this,
+    why: str            # or the call is refused as eager refuses it, for this reason
+
+
+def size_limits(fn: Function) -> list[SizeLimit]:
+    """The sizes of dynamic dims that eager refuses: an arange counting to one (`arange(s)`,
+    `arange(2 * s)`, start >= 0, step > 0) whose values index a gather's table (of static size)
+    unchanged runs past the table above some size; a topk of k elements needs k along its dim."""
+    out = []
+    for op in fn.ops:
+        if op.name == "cuvil.argtopk" and op.attrs["k"]:
+            bound = binding(op.operands[0].type.shape[op.attrs["dim"]])
+            if bound is not None:
+                where = f" at {op.loc.file}:{op.loc.line}" if op.loc else ""
+                out.append(SizeLimit(bound[0].name, -(-op.attrs["k"] // bound[1]), None,
+                                     f"the topk{where} selects k = {op.attrs['k']} elements along it"))
+        pick = _GATHERS.get(op.name)
+        if pick is None:
+            continue
+        for index, dim in pick(op):
+            n = op.operands[0].type.shape[dim]
+            source = _kept_values(index)
+            if source.is_arg or source.owner.name != "cuvil.arange" or not isinstance(n, int):
+                continue
+            start, step = source.owner.attrs["start"], source.owner.attrs["step"]
+            bound = binding(source.type.shape[0])      # the count: q * s
+            if bound is None or not isinstance(start, int) or not isinstance(step, int) or start < 0 or step <= 0:
+                continue
+            symbol, q = bound
+            # the last index, start + (q s - 1) step, stays below n
+            out.append(SizeLimit(symbol.name, None, ((n - 1 - start) // step + 1) // q,
+                                 f"the indices the model counts up to it run past {_describe(op, dim, n)}"))
+    return out
+
+
+def _kept_values(v: Value) -> Value:
+    """What `v` copies every value of, through views and copies."""
+    while not v.is_arg and v.owner.name in _KEEP_VALUES and v.owner.operands:
+        v = v.owner.operands[0]
+    return v
 
 
 def _source_argument(v: Value) -> Value | None:

@@ -189,7 +189,7 @@ class SavedModel:
         for v in self.variants:
             hit = v.guard.match(args, kwargs)
             if hit is not None:
-                v.guard.check_indices(hit[0])
+                v.guard.check_indices(*hit)
                 return v, hit
         reasons = "; ".join(m.text for v in self.variants for m in v.guard.mismatches(args, kwargs))
         raise CuvilError(f"{self.path}: no saved variant accepts this call: {reasons}")

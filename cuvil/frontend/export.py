@@ -89,6 +89,7 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
         args, kwargs = (), dict(example_inputs)
     else:
         args, kwargs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,), {}
+    args, kwargs = _one_tensor_per_input(args, kwargs)
     named = input_names(fn, len(args)) + list(kwargs)
     values = dict(zip(named, (*args, *kwargs.values())))
     for name, ann in annotations.items():
@@ -240,6 +241,24 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
         raise CuvilExportError(summarise(e), str(frame) if frame else None, suggested_ranges(e),
                                suggested_multiples(e)) from None
     return ep
+
+
+def _one_tensor_per_input(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """torch.export takes a tensor passed twice (`f(x, x)`) as one input read in both places, so
+    its program would answer a later call with two different tensors from the first alone. A
+    repeated tensor is exported as a copy: two inputs that happen to be equal."""
+    leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if len({id(x) for x in leaves}) == len(leaves):
+        return args, kwargs
+    seen = set()
+
+    def distinct(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in seen:
+                return x.clone()
+            seen.add(id(x))
+        return x
+    return pytree.tree_map(distinct, (args, kwargs))
 
 
 def _static_spec(tree: pytree.TreeSpec):

@@ -101,6 +101,19 @@ def test_keyword_arguments():
         m(x, x=x)
 
 
+def test_a_tensor_passed_twice_compiles_two_inputs():
+    # torch.export takes f(x, x) as one input read twice: a later call with two tensors must not
+    # get the first tensor's answer (nor may the compiled-model cache keep such a program)
+    x = torch.randn(3)
+    sub = cuvil.compile(lambda a, b: a - b, cache=False)
+    torch.testing.assert_close(sub(x, x), torch.zeros(3))
+    torch.testing.assert_close(sub(torch.ones(3), torch.zeros(3)), torch.ones(3))
+    nested = cuvil.compile(lambda a, pair: a - pair[0] * pair[1], cache=False)
+    torch.testing.assert_close(nested(x, [x, x]), x - x * x)
+    torch.testing.assert_close(nested(x, [torch.ones(3), torch.zeros(3)]), x)
+    assert sub.num_variants == 1 and nested.num_variants == 1
+
+
 def test_builtins_and_star_args():
     # Python cannot read the signature of a builtin such as torch.tanh: it is called positionally
     x = torch.randn(4, 8)

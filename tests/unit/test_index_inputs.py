@@ -128,3 +128,46 @@ def test_gather_raises_what_eager_raises():
         torch.gather(t, 0, i)
     with pytest.raises(RuntimeError, match="holds 4"):
         f(t, i)
+
+
+class Positions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pe = nn.Embedding(8, 4)
+
+    def forward(self, x):
+        return x + self.pe(torch.arange(x.shape[1]))
+
+
+@pytest.mark.parametrize("dynamic", [{"x": {1: "t"}}, None])
+def test_a_dynamic_dim_counted_past_a_table_raises_as_in_eager(dynamic, tmp_path):
+    # positions arange(t) into 8 rows: t = 9 would read NaN rows; the guard refuses it by name,
+    # with the native fast path as without it, and so does the saved model
+    model = Positions()
+    compiled = cuvil.compile(model, dynamic=dynamic, cache=False)
+    for t in (5, 6, 8, 3):
+        torch.testing.assert_close(compiled(torch.zeros(1, t, 4)), model(torch.zeros(1, t, 4)))
+    assert compiled.num_variants == (1 if dynamic else 2)      # automatic dynamic: static first
+    with pytest.raises(IndexError):
+        model(torch.zeros(1, 9, 4))
+    for t in (9, 10):
+        with pytest.raises(CuvilIndexError, match=rf"is {t}, above 8: the indices the model counts up to it run "
+                                                  r"past the embedding at .*test_index_inputs.py:\d+ \(8 rows\)"):
+            compiled(torch.zeros(1, t, 4))
+    compiled.save(tmp_path / "m.cuvil")
+    loaded = cuvil.load(tmp_path / "m.cuvil")
+    torch.testing.assert_close(loaded(torch.zeros(1, 7, 4)), model(torch.zeros(1, 7, 4)))
+    with pytest.raises(CuvilIndexError, match="is 10, above 8"):
+        loaded(torch.zeros(1, 10, 4))
+
+
+def test_a_topk_of_more_elements_than_a_dynamic_dim_raises_as_in_eager():
+    f = lambda a: a.topk(2, 1)      # noqa: E731
+    compiled = cuvil.compile(f, dynamic=True, cache=False)
+    for shape in ((4, 6), (3, 2)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x).values, f(x).values)
+    with pytest.raises(RuntimeError):
+        f(torch.randn(2, 1))
+    with pytest.raises(CuvilIndexError, match=r"is 1, below 2: the topk at .*test_index_inputs.py:\d+ selects k = 2"):
+        compiled(torch.randn(2, 1))
