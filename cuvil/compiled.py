@@ -952,7 +952,7 @@ class CompiledModel:
         """torch.export and the import, or a copy of this process's import of the same call."""
         t = time.perf_counter()
         imported = imports.copy_of(call) if call is not None else None
-        if imported is not None:
+        if imported is not None and _accepts(imported, example):
             phases.append({"name": "import", "time_s": time.perf_counter() - t,
                            "note": "a copy of this process's import of the same call"})
             return imported
@@ -1097,6 +1097,15 @@ def _flat_arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
         if p.kind is p.VAR_KEYWORD:
             arguments.update(arguments.pop(p.name, {}))
     return arguments
+
+
+def _accepts(imported: ImportResult, example) -> bool:
+    """Whether the program of a kept import takes this call: the key it was kept under leaves the
+    sizes of dynamic dims out, and the program may need some of them (a multiple of 3 where the
+    model branched on `n % 3`), which a call of the same key need not have."""
+    args, kwargs = (example, {}) if isinstance(example, tuple) else ((), example)
+    leaves = flatten_like(imported.exported.call_spec.in_spec, (args, kwargs))
+    return Guard.of(imported, leaves).match(args, kwargs) is not None
 
 
 def _inspectable(target: Callable) -> Callable:

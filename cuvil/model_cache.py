@@ -105,7 +105,8 @@ def call_key(target, inputs: dict, hints: dict, ranges: dict) -> ModelKey:
             if isinstance(x, torch.Tensor):
                 if x.device.type != "cpu" or x.layout is not torch.strided:
                     raise Unfingerprintable(f"input {name} is a {x.layout} tensor on {x.device}")
-                shape = [dynamic.get(axis, n) for axis, n in enumerate(x.shape)]
+                # a dynamic dim by name, but a size of 0 or 1 as itself: torch.export specialises those
+                shape = [dynamic[axis] if axis in dynamic and n > 1 else n for axis, n in enumerate(x.shape)]
                 d.text(f"{x.dtype} {shape} contiguous={x.is_contiguous()}")
             else:
                 d.add(x, f"input {name}")

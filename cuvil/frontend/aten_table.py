@@ -67,7 +67,8 @@ def logical_or_bitwise(logical: str, bitwise: str):
 def reduction(name: str):
     """sum/mean/amax/amin/prod over `dims` (None or [] = all); the input is cast to the result dtype."""
     def row(L: Lowering, x, dims=None, keepdim=False, *_):
-        return L.op(name, L.cast(x, L.out_dtype()), dims=_reduced_axes(L, dims, x), keepdim=bool(keepdim))
+        return _as_out_dtype(L, L.op(name, L.cast(x, L.out_dtype()), dims=_reduced_axes(L, dims, x),
+                                     keepdim=bool(keepdim)))
     return row
 
 
@@ -79,8 +80,14 @@ def _reduced_axes(L: Lowering, dims, x) -> list[int]:
 def reduction_all(name: str):
     """sum/mean/max/min of every element (`sum.default`, `mean.default`, `max.default`, `min.default`)."""
     def row(L: Lowering, x, *_):
-        return L.op(name, L.cast(x, L.out_dtype()), dims=[], keepdim=False)
+        return _as_out_dtype(L, L.op(name, L.cast(x, L.out_dtype()), dims=[], keepdim=False))
     return row
+
+
+def _as_out_dtype(L: Lowering, y):
+    """A sum or product of integers is i64 in Cuvil as in torch unless `dtype=` asks for i32 (the
+    wrapped i64 result is the wrapped i32 one: both are the exact result modulo 2^32)."""
+    return y if y.type.dtype is L.out_dtype() else L.cast(y, L.out_dtype())
 
 
 def arg_reduction(name: str):

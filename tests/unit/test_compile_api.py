@@ -114,6 +114,24 @@ def test_a_tensor_passed_twice_compiles_two_inputs():
     assert sub.num_variants == 1 and nested.num_variants == 1
 
 
+def test_a_call_of_a_kept_import_s_key_that_its_program_does_not_take_is_exported_again():
+    # the caches' key names dynamic dims, not their sizes: a broadcast size of 1, or a size that is
+    # not the multiple of 3 a branch of the kept program needs, must not get that program
+    add = cuvil.compile(lambda a, b: a + b)
+    for shapes in (((4, 5), (4, 5)), ((6, 5), (6, 5)), ((6, 5), (1, 5)), ((7, 5), (5,))):
+        a, b = torch.randn(shapes[0]), torch.randn(shapes[1])
+        torch.testing.assert_close(add(a, b), a + b)
+
+    def branchy(a):
+        return a * 2 if a.shape[0] % 3 == 0 else a - 1
+    first, second = cuvil.compile(branchy), cuvil.compile(branchy)
+    for n in (3, 6):
+        first(torch.randn(n, 2))
+    for n in (4, 5, 10, 9):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(second(x), branchy(x))
+
+
 def test_builtins_and_star_args():
     # Python cannot read the signature of a builtin such as torch.tanh: it is called positionally
     x = torch.randn(4, 8)

@@ -334,6 +334,16 @@ def test_a_product_of_bool_tensors_is_refused_with_the_source_line():
         cuvil.compile(lambda x, w: F.conv2d(x, w), cache=False)(a[None, None], a[None, None, :2, :2])
 
 
+def test_integer_sums_and_products_in_the_dtype_asked_for():
+    # torch sums integers in i64 unless dtype= says otherwise; i32 wraps as eager's does
+    x, flags, big = torch.arange(1, 6), torch.tensor([True, False, True]), torch.full((3,), 2**30, dtype=torch.int32)
+    for fn, a in [(lambda a: a.sum(dtype=torch.int32), x), (lambda a: a.sum(dtype=torch.int32), flags),
+                  (lambda a: a.prod(dtype=torch.int32), x), (lambda a: a.view(5, 1).sum(0, dtype=torch.int32), x),
+                  (lambda a: a.sum(dtype=torch.int32), big), (lambda a: a.view(5, 1).prod(1, dtype=torch.int32), x)]:
+        got, want = cuvil.compile(fn, cache=False)(a), fn(a)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 def test_a_masked_put_of_values_for_each_selected_element_is_refused_with_the_source_line():
     def put(x):
         x = x.clone()
