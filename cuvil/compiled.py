@@ -97,8 +97,8 @@ class CompileOptions:
         if opts.fallback not in FALLBACKS:
             raise CuvilError(f"cuvil.compile: fallback must be one of {', '.join(map(repr, FALLBACKS))}, "
                              f"not {opts.fallback!r}")
-        if opts.threads is not None and not (isinstance(opts.threads, int) and opts.threads >= 1):
-            raise CuvilError(f"cuvil.compile: threads must be a positive int, not {opts.threads!r}")
+        if opts.threads is not None:
+            check_threads(opts.threads, "cuvil.compile: threads")
         if opts.cache not in CACHES:
             raise CuvilError(f"cuvil.compile: cache must be one of {', '.join(map(repr, CACHES))}, not {opts.cache!r}")
         _check_dynamic(opts.dynamic)
@@ -552,6 +552,10 @@ class CompiledModel:
                  on_fallback: Callable[[str], None] | None = None):
         if not callable(target):
             raise CuvilError(f"cuvil.compile takes a function or an nn.Module, not a {type(target).__name__}")
+        if isinstance(target, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+            raise CuvilError(f"cuvil.compile takes the nn.Module or function itself, not a TorchScript "
+                             f"{type(target).__name__} (torch.jit.trace/script): torch.export, which Cuvil "
+                             f"captures models with, cannot read TorchScript")
         self.target = _inspectable(target)
         self.options = options or CompileOptions()
         self._variants: tuple[Variant, ...] = ()
@@ -713,8 +717,7 @@ class CompiledModel:
     def set_threads(self, n: int) -> None:
         """Threads of the native engine's pool. The pool is shared by the process: this applies to
         every compiled model."""
-        if not (isinstance(n, int) and n >= 1):
-            raise CuvilError(f"threads must be a positive int, not {n!r}")
+        check_threads(n, "threads")
         set_num_threads(n)
 
     # -- compiling
@@ -1097,6 +1100,14 @@ def _flat_arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
         if p.kind is p.VAR_KEYWORD:
             arguments.update(arguments.pop(p.name, {}))
     return arguments
+
+
+MAX_THREADS = 1024      # the native engine's pool (native/src/bindings.cpp)
+
+
+def check_threads(n, what: str) -> None:
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_THREADS):
+        raise CuvilError(f"{what} must be an int from 1 to {MAX_THREADS}, not {n!r}")
 
 
 def _accepts(imported: ImportResult, example) -> bool:

@@ -73,7 +73,9 @@ def as_module(fn) -> nn.Module:
         return fn(*args, **kwargs)
 
     sig = signature(fn)
-    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional_only = any(p.kind is p.POSITIONAL_ONLY for p in sig.parameters.values())    # operator.add
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY if positional_only
+                                   else inspect.Parameter.POSITIONAL_OR_KEYWORD)
     forward.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
     return type(getattr(fn, "__name__", "function"), (nn.Module,), {"forward": forward})()
 

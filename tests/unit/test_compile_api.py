@@ -1,6 +1,7 @@
 """`cuvil.compile`: the decorator forms, options, dynamic dims from annotations, guards and
 recompiles, outputs that alias inputs or weights, unsupported ops, eager fallback, threads, and the
 report's native sections."""
+import operator
 import re
 import threading
 import warnings
@@ -130,6 +131,15 @@ def test_a_call_of_a_kept_import_s_key_that_its_program_does_not_take_is_exporte
     for n in (4, 5, 10, 9):
         x = torch.randn(n, 2)
         torch.testing.assert_close(second(x), branchy(x))
+
+
+def test_python_builtins_and_torchscript():
+    x = torch.randn(3)
+    for fn, args, want in [(operator.add, (x, x), x + x), (operator.mul, (x, 2.0), x * 2), (abs, (x,), x.abs())]:
+        torch.testing.assert_close(cuvil.compile(fn, cache=False)(*args), want)   # positional-only parameters
+    for scripted in (torch.jit.trace(nn.Linear(3, 2), x[None]), torch.jit.script(nn.Linear(3, 2))):
+        with pytest.raises(cuvil.CuvilError, match="not a TorchScript"):
+            cuvil.compile(scripted)
 
 
 def test_builtins_and_star_args():
@@ -673,8 +683,11 @@ def test_threads_option_and_setter():
         assert get_num_threads() == 1 and m.threads == 1
         m.threads = 2
         assert get_num_threads() == 2
-        with pytest.raises(cuvil.CuvilError, match="threads must be a positive int"):
-            cuvil.compile(Net(), threads=0)
+        for bad in (0, 5000, True, 2.0):
+            with pytest.raises(cuvil.CuvilError, match=r"threads must be an int from 1 to 1024"):
+                cuvil.compile(Net(), threads=bad)
+        with pytest.raises(cuvil.CuvilError, match=r"threads must be an int from 1 to 1024, not 5000"):
+            m.threads = 5000
     finally:
         set_num_threads(before)
 

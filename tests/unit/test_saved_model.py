@@ -174,6 +174,26 @@ def test_damaged_saved_models_are_refused_by_name(tmp_path):
         cuvil.load(tmp_path / "lies.cuvil")
 
 
+def test_flipped_bytes_in_the_weights_or_code_are_refused(tmp_path):
+    # a saved model whose weights are damaged loaded and answered wrongly; damaged code could crash
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(2, 64)
+    c = cuvil.compile(model, cache=False)
+    c(x)
+    c.save(tmp_path / "m.cuvil")
+    torch.testing.assert_close(cuvil.load(tmp_path / "m.cuvil")(x), model(x))
+    data = torch.load(tmp_path / "m.cuvil", weights_only=True)
+    for at in (0, data["blob"].numel() // 2, data["blob"].numel() - 1):
+        blob = data["blob"].clone()
+        blob[at] ^= 0x5A
+        torch.save({**data, "blob": blob}, tmp_path / "bad.cuvil")
+        with pytest.raises(cuvil.CuvilError, match="damaged .ValueError: its weights and code do not match their "
+                                                   "checksum"):
+            cuvil.load(tmp_path / "bad.cuvil")
+    with pytest.raises(cuvil.CuvilError, match="cuvil.load: threads must be an int from 1 to 1024, not 0"):
+        cuvil.load(tmp_path / "m.cuvil", threads=0)
+
+
 def test_a_file_of_the_previous_format_still_loads(tmp_path):
     """Version 2 kept each constant and object as a tensor of its own; version 3 keeps them in one
     blob. A version-2 file, made here from a version-3 one, loads and computes the same."""
