@@ -919,7 +919,22 @@ def _float_sign(em, x):
 
 
 def _float_floordiv(em, x, y):
-    return _f("floor")(em, em.b.fdiv(x, y))
+    """torch's floor division as ATen computes it (Python's rules): (x - fmod(x, y)) / y, one less
+    where the remainder's sign differs from y's, rounded to the nearest integer; the quotient's
+    signed zero where that is 0, x / y for y = 0. So inf // 0.7 is NaN and -5 // inf is -1, where
+    floor(x / y) gives inf and -0."""
+    b = em.b
+    zero, one, half = (ir.Constant(F32, v) for v in (0.0, 1.0, 0.5))
+    mod = em.mb.math.call(b, "fmod", [x, y])
+    div = b.fdiv(b.fsub(x, mod), y)
+    differ = b.and_(b.fcmp_ordered("!=", mod, zero), b.icmp_unsigned("!=", b.fcmp_ordered("<", mod, zero),
+                                                                      b.fcmp_ordered("<", y, zero)))
+    div = b.select(differ, b.fsub(div, one), div)
+    floor = _f("floor")(em, div)
+    floor = b.select(b.fcmp_ordered(">", b.fsub(div, floor), half), b.fadd(floor, one), floor)
+    quotient = b.fdiv(x, y)
+    floor = b.select(b.fcmp_ordered("==", div, zero), _f("copysign")(em, zero, quotient), floor)
+    return b.select(b.fcmp_ordered("==", y, zero), quotient, floor)
 
 
 def _float_rem(em, x, y):

@@ -344,6 +344,21 @@ def test_integer_sums_and_products_in_the_dtype_asked_for():
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
+def test_float_floor_division_follows_torch_at_infinities_and_zeros():
+    # ATen's rules (Python's): inf // 0.7 is NaN, -5 // inf is -1, 3 // -0.0 is -inf; floor(a / b) gave
+    # inf and -0 there
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([inf, -inf, 5.0, -5.0, 1e30, 3.0, nan, 0.5, -0.5, 7.0, -7.0, 7.5, 0.0, -0.0, 3.0, 5.9])
+    b = torch.tensor([0.7, 0.7, inf, inf, 0.7, 0.0, 1.0, -inf, inf, 2.0, 2.0, -2.5, 3.0, 3.0, -0.0, 0.1])
+    x, y = torch.randn(10_000) * 100, torch.randn(10_000)
+    fn = lambda a, b: a // b      # noqa: E731
+    for p, q in ((a, b), (x, y)):
+        got, want = cuvil.compile(fn, cache=False)(p, q), fn(p, q)
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+        numbers = ~torch.isnan(want)
+        assert torch.equal(torch.signbit(got[numbers]), torch.signbit(want[numbers]))
+
+
 def test_a_masked_put_of_values_for_each_selected_element_is_refused_with_the_source_line():
     def put(x):
         x = x.clone()
