@@ -1062,8 +1062,12 @@ def scan(lw, op):
     T = lw.outputs[id(r)][1] if id(r) in lw.outputs else lw.scratch(r.type.dtype, r.type.shape)
     fold, indices = SCANS[op.name], op.name.startswith("cuvil.cumarg")
     dtype = compute_dtype(x.type.dtype if indices else r.type.dtype)
-    carry = T if T.dtype == dtype and not indices else lw.scratch(dtype, x.type.shape)
-    lw.materialized[id(r)] = lambda idx: Load(T if indices else carry, idx)
+    # a float cumsum runs compensated: the running sum and its rounding errors, each on a chain of
+    # its own (ATen sums in f64 on CPU; a plain f32 sum of 10^4 terms was 40x less accurate)
+    compensated = op.name == "cuvil.cumsum" and dtype.is_float
+    carry = T if T.dtype == dtype and not indices and not compensated else lw.scratch(dtype, x.type.shape)
+    error = lw.scratch(dtype, x.type.shape) if compensated else None
+    lw.materialized[id(r)] = lambda idx: Load(T if indices or compensated else carry, idx)
     if x.type.rank == 0:
         lw.emit(Store(carry, [], cast(Load(X, []), dtype)))
         if indices:
@@ -1082,12 +1086,17 @@ def scan(lw, op):
 
         def first(i):
             lw.emit(Store(carry, at(i), cast(Load(X, at(i)), dtype)))
+            if compensated:
+                lw.emit(Store(error, at(i), Const(0.0, dtype)))
+                lw.emit(Store(T, at(i), cast(Load(carry, at(i)), T.dtype)))
             if indices:
                 lw.emit(Store(T, at(i), Const(0, DType.i64)))
 
         def step(i):
             v, before = lw.let(cast(Load(X, at(i)), dtype), "x"), Load(carry, at(i - 1))
-            if isinstance(fold, str):
+            if compensated:
+                _compensated_sum_step(lw, carry, error, T, at, i, v)
+            elif isinstance(fold, str):
                 take = lw.let(_takes_place(fold, v, before), "take")
                 lw.emit(Store(carry, at(i), call("select", take, v, before)))
                 if indices:
@@ -1098,6 +1107,21 @@ def scan(lw, op):
         lw.loop("i", norm_dim(index_max(sympy.sympify(n) - 1, 0)), step, start=1)
         _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, n)] + [(i, 1) for i in idx[d:]])
     lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
+
+
+def _compensated_sum_step(lw, S, E, T, at, i, x) -> None:
+    """Neumaier's running sum: S[i] = S[i-1] + x rounded, E[i] = E[i-1] + that rounding's error
+    (exact: the larger operand's part the sum lost), T[i] = S[i] + E[i]. No error is added once
+    the sum is infinite or NaN (an inf - inf there would make the finite sums that follow NaN)."""
+    before = lw.let(Load(S, at(i - 1)), "s")
+    s = lw.let(call("add", before, x), "t")
+    lost = call("select", call("ge", call("abs", before), call("abs", x)),
+                call("add", call("sub", before, s), x), call("add", call("sub", x, s), before))
+    finite = call("lt", call("abs", s), Const(math.inf, x.dtype))
+    e = lw.let(call("add", Load(E, at(i - 1)), call("select", finite, lost, Const(0.0, x.dtype))), "e")
+    lw.emit(Store(S, at(i), s))
+    lw.emit(Store(E, at(i), e))
+    lw.emit(Store(T, at(i), cast(call("select", finite, call("add", s, e), s), T.dtype)))
 
 
 WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,
