@@ -45,7 +45,7 @@ from .index_inputs import index_bounds, size_limits
 from .frontend import ImportResult, import_model, unflatten_outputs
 from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
-from .frontend.export import auto_hints, input_names
+from .frontend.export import auto_hints, input_names, inspectable
 from .frontend.hf_caches import PAST, flatten_like, static_new_tokens, write_back
 from . import imports
 from .module_state import ModelState
@@ -556,7 +556,7 @@ class CompiledModel:
             raise CuvilError(f"cuvil.compile takes the nn.Module or function itself, not a TorchScript "
                              f"{type(target).__name__} (torch.jit.trace/script): torch.export, which Cuvil "
                              f"captures models with, cannot read TorchScript")
-        self.target = _inspectable(target)
+        self.target = inspectable(target)
         self.options = options or CompileOptions()
         self._variants: tuple[Variant, ...] = ()
         self._fast: tuple = ()          # the variants' native fast paths (`fast_path`)
@@ -1117,21 +1117,6 @@ def _accepts(imported: ImportResult, example) -> bool:
     args, kwargs = (example, {}) if isinstance(example, tuple) else ((), example)
     leaves = flatten_like(imported.exported.call_spec.in_spec, (args, kwargs))
     return Guard.of(imported, leaves).match(args, kwargs) is not None
-
-
-def _inspectable(target: Callable) -> Callable:
-    """`target`, or where Python cannot read its signature (a builtin such as `torch.tanh`), a
-    function of positional arguments that calls it."""
-    if isinstance(target, nn.Module):
-        return target
-    try:
-        inspect.signature(target)
-        return target
-    except (TypeError, ValueError):
-        def call(*args):
-            return target(*args)
-        call.__name__ = call.__qualname__ = getattr(target, "__name__", "forward")
-        return call
 
 
 def _named(fn: Callable, example) -> dict[str, Any]:

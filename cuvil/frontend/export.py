@@ -66,6 +66,22 @@ class CuvilExportError(CuvilError):
         super().__init__(text + (f"\n  at {source}" if source else ""))
 
 
+def inspectable(target):
+    """`target`, or where Python cannot read its signature (a builtin such as `torch.tanh`), a
+    function of positional arguments that calls it (defined here, so that no source location
+    names it)."""
+    if isinstance(target, nn.Module):
+        return target
+    try:
+        inspect.signature(target)
+        return target
+    except (TypeError, ValueError):
+        def call(*args):
+            return target(*args)
+        call.__name__ = call.__qualname__ = getattr(target, "__name__", "forward")
+        return call
+
+
 def as_module(fn) -> nn.Module:
     """Wrap a plain function as a module for torch.export, keeping its parameter names (torch
     names the graph inputs after `forward`'s signature)."""
@@ -111,6 +127,12 @@ def capture(model_or_fn, example_inputs, dynamic=None, ranges=None) -> Captured:
     register_model_caches(owner if isinstance(owner, nn.Module) else module)
     record_user_frames(model_or_fn)
     sizes = {d: values[name].shape[ax] for name, h in hints.items() for ax, d in h.items()}
+    for name, h in hints.items():
+        for ax, d in h.items():
+            lo, hi = ranges.get(d, (None, None))
+            if lo is not None and not lo <= values[name].shape[ax] <= hi:
+                raise CuvilError(f"input '{name}' dim {ax} ({d}) is {values[name].shape[ax]}, outside the range "
+                                 f"[{lo}, {hi}] that ranges= declares for {d}")
     sizes.update({PAST: cache_length(c) for c in growing.values()})
     window = sliding_window_range(growing) if growing else None
     if window is not None:      # each sliding window stays growing, or full (hf_caches.py)

@@ -194,7 +194,7 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
         elif node.op == "output":
             _return(lowering, env, node, outputs)
         elif node.op != "placeholder":
-            raise CuvilUnsupportedOpError(f"FX {node.op} node", None, f"node '{node.name}'")
+            _refuse_node(node)
     fn.symbols.update(symbols.ranges)       # as ops' constant bounds narrowed them
     return ImportedGraph(module, [n.name for n in user], symbols, tensor_positions)
 
@@ -286,6 +286,18 @@ def _other_inputs(ep, placeholders: dict) -> dict:
     return out
 
 
+def _refuse_node(node: torch.fx.Node):
+    """A node that is not an op: the branches of torch.cond, while_loop or map (`get_attr` of a
+    subgraph), named by the op that runs them, at the user's line."""
+    runner = next((u for u in node.users if isinstance(u.target, torch._ops.HigherOrderOperator)), None)
+    if runner is not None:
+        frame = node_frame(runner)
+        raise CuvilUnsupportedOpError(f"torch.{runner.target.name()}", str(frame) if frame else None,
+                                      "control flow as a higher-order op: Cuvil compiles straight-line programs "
+                                      "(a branch on sizes, in Python, compiles a variant per branch taken)")
+    raise CuvilUnsupportedOpError(f"FX {node.op} node", None, f"node '{node.name}'")
+
+
 def _return(lowering: Lowering, env: dict, node: torch.fx.Node, outputs: list[int]) -> None:
     lowering.node, lowering.frame = node, None
     results = [_operand(lowering, env, node.args[0][k], f"output {i}") for i, k in enumerate(outputs)]
@@ -300,14 +312,17 @@ def _user_outputs(ep) -> list[int]:
     the buffer itself (`self.b = self.b.to(device, dtype)` with the ones it has: CTRL's positional
     encoding) changes nothing and is left out; any other is refused."""
     buffers = {s.target: s.arg.name for s in ep.graph_signature.input_specs if s.kind is InputKind.BUFFER}
+    written = ep.graph.output_node().args[0]
     outputs = []
     for k, spec in enumerate(ep.graph_signature.output_specs):
         if spec.kind is OutputKind.USER_OUTPUT:
             outputs.append(k)
         elif spec.kind is not OutputKind.BUFFER_MUTATION or spec.arg.name != buffers.get(spec.target):
+            value = written[k]      # the new value: where the model computes it is where it writes it
+            frame = node_frame(value) if isinstance(value, torch.fx.Node) else None
             raise CuvilUnsupportedOpError(
-                "mutation", None, f"the model updates '{spec.target}' in place ({spec.kind.name.lower()}); "
-                "Cuvil imports pure inference functions")
+                "mutation", str(frame) if frame else None, f"the model updates '{spec.target}' in place "
+                f"({spec.kind.name.lower()}); Cuvil imports pure inference functions")
     return outputs
 
 

@@ -44,8 +44,9 @@ class SourceFrame:
 
 @functools.lru_cache(maxsize=None)
 def is_user_file(path: str) -> bool:
-    """False for torch internals (absolute or `torch/...` relative), the stdlib and this frontend."""
-    if path.startswith(("torch" + os.sep, "<frozen")) or _INSTALLED_TORCH.search(path):
+    """False for torch internals (absolute or `torch/...` relative, and the code FX generates),
+    the stdlib and this frontend."""
+    if path.startswith(("torch" + os.sep, "<frozen", "<eval_with_key>")) or _INSTALLED_TORCH.search(path):
         return False
     real = os.path.realpath(path)
     in_stdlib = real.startswith(_STDLIB_DIR) and not re.search(r"(site|dist)-packages", real[len(_STDLIB_DIR):])

@@ -515,3 +515,14 @@ def test_a_negated_size_as_a_slice_bound():
     for n in (6, 9, 4):
         x = torch.randn(n, 3)
         torch.testing.assert_close(c(x), f(x))
+
+
+def test_torch_cond_and_a_range_that_excludes_the_call_are_refused_by_name_and_place():
+    def branches(x):
+        return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+    with pytest.raises(cuvil.CuvilError, match=r"unsupported op 'torch.cond': control flow as a higher-order op"
+                                               r"(.|\n)*test_frontend.py:\d+: return torch.cond"):
+        cuvil.compile(branches, cache=False)(torch.randn(3))
+    with pytest.raises(cuvil.CuvilError, match=r"input 'x' dim 0 \(b\) is 4, outside the range \[8, 16\] that "
+                                               r"ranges= declares for b"):
+        cuvil.compile(lambda x: x * 2, dynamic={"x": {0: "b"}}, ranges={"b": (8, 16)}, cache=False)(torch.randn(4, 3))

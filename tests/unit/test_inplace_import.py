@@ -114,5 +114,13 @@ def test_a_buffer_reassigned_to_itself_is_no_mutation_and_a_real_one_is_refused(
     positions = torch.tensor([[3, 0, 5]])
     model = BufferReassigned().eval()
     torch.testing.assert_close(cuvil.compile(model)(positions), model(positions), rtol=0, atol=0)
-    with pytest.raises(cuvil.CuvilError, match=r"updates 'calls' in place \(buffer_mutation\)"):
+    with pytest.raises(cuvil.CuvilError, match=r"updates 'calls' in place \(buffer_mutation\)(.|\n)*"
+                                               r"test_inplace_import.py:\d+: self.calls \+= 1"):
         cuvil.compile(BufferReassigned(counting=True).eval())(positions)
+
+    def adds_to_its_input(x):
+        x.add_(1)
+        return x * 2
+    with pytest.raises(cuvil.CuvilError, match=r"updates 'x' in place \(user_input_mutation\)(.|\n)*"
+                                               r"test_inplace_import.py:\d+: x.add_\(1\)"):
+        cuvil.compile(adds_to_its_input, cache=False)(torch.randn(3))
