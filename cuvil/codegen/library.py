@@ -1069,7 +1069,7 @@ def scan(lw, op):
     error = lw.scratch(dtype, x.type.shape) if compensated else None
     lw.materialized[id(r)] = lambda idx: Load(T if indices or compensated else carry, idx)
     if x.type.rank == 0:
-        lw.emit(Store(carry, [], cast(Load(X, []), dtype)))
+        lw.emit(Store(T if compensated else carry, [], cast(Load(X, []), T.dtype if compensated else dtype)))
         if indices:
             lw.emit(Store(T, [], Const(0, DType.i64)))
         _epilogue(lw, [])

@@ -370,6 +370,8 @@ def test_a_long_cumsum_is_as_accurate_as_eager_s():
     inf, nan = float("inf"), float("nan")
     special = torch.tensor([[1.0, inf, 2.0, -inf, 3.0], [1e8, 1.0, -1e8, 1.0, nan]])
     torch.testing.assert_close(cuvil.compile(fn, cache=False)(special), fn(special), equal_nan=True)
+    scalar = torch.tensor(-8.5)
+    assert cuvil.compile(lambda a: a.cumsum(0), cache=False)(scalar) == -8.5
 
 
 def test_a_masked_put_of_values_for_each_selected_element_is_refused_with_the_source_line():
