@@ -9,8 +9,13 @@ plain function's string annotations (`x: "f32[B,512]"`) are hints too.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
+import os
 import re
+import sys
 import threading
 import types
 from dataclasses import dataclass, field
@@ -235,7 +240,7 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
             _settle_open_dims(ep, hints, open_dims)
         return ep
     try:
-        with _TRACING, torch.no_grad(), user_stack_traces():
+        with _TRACING, torch.no_grad(), user_stack_traces(), _quiet_torch_logs():
             # guards on sizes that are not bounds (wav2vec2's `1 % (n//20 - 1) != 0`), which torch's
             # solver cannot prove over the range, fail the export: export again with them as
             # `_assert_scalar` nodes, and decide them at every size (size_conditions.py). HF's mask
@@ -283,6 +288,37 @@ def _one_tensor_per_input(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             seen.add(id(x))
         return x
     return pytree.tree_map(distinct, (args, kwargs))
+
+
+# torch's loggers that print, during an export Cuvil reports on itself, a traceback for a shape
+# error ("failed while attempting to run meta") and the code around a data-dependent size
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """Errors only as Cuvil's own (their reason and the user's line): torch's loggers above quiet,
+    and the partial graph torch.export prints to stderr with a data-dependent error left out (what
+    else went to stderr meanwhile is written after). With TORCH_LOGS set, torch's output as asked."""
+    if os.environ.get("TORCH_LOGS"):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    stderr, graph = io.StringIO(), None
+    try:
+        with contextlib.redirect_stderr(stderr):
+            yield
+    except Exception as e:
+        graph = getattr(e, "partial_fx_graph", None)
+        raise
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+        text = stderr.getvalue()
+        sys.stderr.write(text.replace(f"{graph}\n", "") if graph else text)
 
 
 def _static_spec(tree: pytree.TreeSpec):

@@ -58,8 +58,6 @@ REFUSALS: list[Refusal] = [
             "(deprecated in torch): no decomposition of Cuvil's takes it"),
     Refusal("scatter_add", r"unsupported op 'aten\.scatter_add\.default'", "a 0-d input: Cuvil's decomposition "
             "compares the index with positions along `dim` (frontend/decompositions.py), which a 0-d input has none of"),
-    Refusal("index_put", r"unsupported op 'aten\.index_put\.default'", "a bool mask as the index: the rows it "
-            "selects depend on its values, which no static or symbolic size describes"),
     Refusal("histc", r"unsupported op 'aten\.histc\.default'", "min == max: the bins span the data's own range, "
             "a value torch.export would read as a size"),
     Refusal("repeat_interleave", r"unsupported op 'aten\.repeat_interleave\.Tensor'", "repeats given as a tensor: "

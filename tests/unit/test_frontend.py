@@ -526,3 +526,14 @@ def test_torch_cond_and_a_range_that_excludes_the_call_are_refused_by_name_and_p
     with pytest.raises(cuvil.CuvilError, match=r"input 'x' dim 0 \(b\) is 4, outside the range \[8, 16\] that "
                                                r"ranges= declares for b"):
         cuvil.compile(lambda x: x * 2, dynamic={"x": {0: "b"}}, ranges={"b": (8, 16)}, cache=False)(torch.randn(4, 3))
+
+
+def test_a_refused_export_prints_nothing_of_torch_s_own(capfd):
+    # torch logs a meta kernel's traceback for a shape error and prints the partial graph of a
+    # data-dependent size to stderr; Cuvil's error says why and where
+    with pytest.raises(cuvil.CuvilError, match="must have same reduction dim"):
+        cuvil.compile(lambda a, b: a @ b, cache=False)(torch.randn(3, 4), torch.randn(5, 6))
+    with pytest.raises(cuvil.CuvilError, match="tensor values"):
+        cuvil.compile(lambda x: torch.ones(int((x > 0).sum())), cache=False)(torch.randn(10))
+    err = capfd.readouterr().err
+    assert "failed while attempting to run meta" not in err and "def forward" not in err, err
