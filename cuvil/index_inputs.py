@@ -56,7 +56,7 @@ def index_bounds(fn: Function) -> dict[int, IndexBound]:
             if arg is None or not isinstance(n, int):
                 continue
             lo = -n if op.name in _FROM_THE_END else 0
-            bound = IndexBound(lo, n - 1, _describe(op, dim, n))
+            bound = IndexBound(lo, n - 1, describe_gather(op, dim, n))
             old = out.get(arg.index)
             if old is not None:     # read by several gathers: what every one of them accepts
                 what = old.what if bound.what in old.what else f"{old.what} and {bound.what}"
@@ -100,7 +100,7 @@ def size_limits(fn: Function) -> list[SizeLimit]:
             symbol, q = bound
             # the last index, start + (q s - 1) step, stays below n
             out.append(SizeLimit(symbol.name, None, ((n - 1 - start) // step + 1) // q,
-                                 f"the indices the model counts up to it run past {_describe(op, dim, n)}"))
+                                 f"the indices the model counts up to it run past {describe_gather(op, dim, n)}"))
     return out
 
 
@@ -125,8 +125,14 @@ def _source_argument(v: Value) -> Value | None:
     return v if v.type.dtype.value in _INDEX_DTYPES else None
 
 
-def _describe(op: Operation, dim: int, n: int) -> str:
+def index_outside(op: Operation, dim: int, n, lo) -> str:
+    """The error of an index that a compiled gather, index_put or scatter finds outside its table."""
+    return (f"an index lies outside {describe_gather(op, dim, n)}: indices must lie in [{lo}, {n - 1}] "
+            f"(eager PyTorch raises too)")
+
+
+def describe_gather(op: Operation, dim: int, n: int) -> str:
     where = f" at {op.loc.file}:{op.loc.line}" if op.loc else ""
-    what = op.name.removeprefix("cuvil.")
+    what = op.attrs["of"] if op.name == "cuvil.check_index" else op.name.removeprefix("cuvil.")
     size = f"{n} rows" if op.name == "cuvil.embedding" else f"size {n} in dim {dim}"
     return f"the {what}{where} ({size})"

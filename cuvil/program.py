@@ -116,7 +116,9 @@ class ProgramDraft:
         for k, lk in enumerate(self.lowered):
             row = []
             for buf, v in zip(lk.kernel.buffers, lk.values):
-                if v is None:
+                if buf.role == "status":    # no arena buffer: the runtime gives each call its own
+                    key = f"{lk.kernel.name}/{buf.name}"
+                elif v is None:
                     key = f"{lk.kernel.name}/{buf.name}"
                     self.arena[key] = (key, _nbytes(buf.shape, buf.dtype.itemsize))
                     self.producer[key] = k
@@ -222,7 +224,8 @@ class ProgramDraft:
         deps = self.data_deps()
         for k, lk in enumerate(self.lowered):
             reads = [self.key_names[key] for key, b in zip(self.keys[k], lk.kernel.buffers) if b.role == "in"]
-            writes = [self.key_names[key] for key, b in zip(self.keys[k], lk.kernel.buffers) if b.role != "in"]
+            writes = [self.key_names[key] for key, b in zip(self.keys[k], lk.kernel.buffers)
+                      if b.role in ("out", "scratch")]
             prio = "" if self.priorities is None else f" priority={self.priorities[k]}"
             anchor = f" max_latency_us={self.anchors_us[k]:g}" if k in self.anchors_us else ""
             lines.append(f"  step {k} {lk.kernel.name}({', '.join(reads)}) -> {', '.join(writes)}"
@@ -283,10 +286,12 @@ def build_program(draft: ProgramDraft, constants: dict[str, torch.Tensor],
         add(Slot.input(i, a.type), SlotInfo("input", "%" + names[a]), id(a))
     for i, v in enumerate(fn.return_op.operands):
         add(Slot.output(i, v.type), SlotInfo("output", "%" + names[v]), id(v))
-    for lk in draft.lowered:
-        for buf, v in zip(lk.kernel.buffers, lk.values):
+    for lk, keys in zip(draft.lowered, draft.keys):
+        for buf, v, key in zip(lk.kernel.buffers, lk.values, keys):
             if v is not None and buf.role == "in" and _is_const(v) and id(v) not in slot_of:
                 add(Slot.const(_constant(constants, v)), SlotInfo("const", "@" + v.owner.attrs["name"]), id(v))
+            elif buf.role == "status":
+                add(Slot.status(lk.checks), SlotInfo("status", key), key)
 
     plan = draft.plan or plan_memory(draft.buffer_uses(), draft.hint, strategy="naive")
     for b in plan.buffers:

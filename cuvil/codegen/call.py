@@ -12,7 +12,7 @@ from typing import Sequence
 import sympy
 import torch
 
-from ..errors import CuvilError
+from ..errors import CuvilError, CuvilIndexError
 from .jit import CompiledKernels
 from .kernel_ir import Kernel
 
@@ -22,7 +22,7 @@ _ABI = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 def infer_sizes(kernel: Kernel, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
     """Symbol values read off the tensors' shapes (dims that are a bare symbol)."""
     sizes: dict[str, int] = {}
-    for buf, t in zip((b for b in kernel.buffers if b.role != "scratch"), tensors):
+    for buf, t in zip(_parameters(kernel), tensors):
         for d, n in zip(buf.shape, t.shape):
             if isinstance(d, sympy.Symbol):
                 sizes.setdefault(d.name, int(n))
@@ -40,21 +40,24 @@ def evaluate(expr, sizes: dict[str, int]) -> int:
 
 def call_kernel(compiled: CompiledKernels, name: str, tensors: Sequence[torch.Tensor],
                 sizes: dict[str, int] | None = None, split: int = 1) -> None:
-    """Run kernel `name` on `tensors` (one per non-scratch buffer, in order; scratch buffers are
-    allocated here). `split` > 1 runs the parallel loop as that many consecutive sub-ranges, the
-    way the runtime's threads would."""
+    """Run kernel `name` on `tensors` (one per input and output buffer, in order; scratch buffers
+    and the status word are allocated here). `split` > 1 runs the parallel loop as that many
+    consecutive sub-ranges, the way the runtime's threads would. A failed index check raises
+    `CuvilIndexError` after the call."""
     kernel = compiled.kernels[name]
-    params = [b for b in kernel.buffers if b.role != "scratch"]
+    params = _parameters(kernel)
     if len(tensors) != len(params):
         raise CuvilError(f"kernel {name} takes {len(params)} tensors ({', '.join('%' + b.name for b in params)}), "
                          f"got {len(tensors)}")
     sizes = {**infer_sizes(kernel, tensors), **(sizes or {})}
     it = iter(tensors)
-    keep, ptrs = [], []
+    keep, ptrs, status = [], [], None
     for buf in kernel.buffers:
         shape = [evaluate(d, sizes) for d in buf.shape]
         if buf.role == "scratch":
             t = torch.empty(shape, dtype=buf.dtype.torch)
+        elif buf.role == "status":
+            t = status = torch.zeros(shape, dtype=buf.dtype.torch)
         else:
             t = next(it)
             _check(name, buf, t, shape, sizes)
@@ -65,12 +68,21 @@ def call_kernel(compiled: CompiledKernels, name: str, tensors: Sequence[torch.Te
     fn = _ABI(compiled.address(name))
     if kernel.parallel_loop is None:
         fn(bufs, (ctypes.c_int64 * max(1, len(values)))(*values))
-        return
-    extent = values[-1]
-    step = max(1, -(-extent // split))
-    for begin in range(0, extent, step):
-        dims = [begin, min(extent, begin + step)] + values
-        fn(bufs, (ctypes.c_int64 * len(dims))(*dims))
+    else:
+        extent = values[-1]
+        step = max(1, -(-extent // split))
+        for begin in range(0, extent, step):
+            dims = [begin, min(extent, begin + step)] + values
+            fn(bufs, (ctypes.c_int64 * len(dims))(*dims))
+    failed = int(status[0]) if status is not None else 0
+    if failed:
+        bit = (failed & -failed).bit_length() - 1
+        raise CuvilIndexError(f"kernel {name}: index check {bit} failed (an index outside its table)")
+
+
+def _parameters(kernel: Kernel) -> list:
+    """The buffers a caller passes: inputs and outputs."""
+    return [b for b in kernel.buffers if b.role in ("in", "out")]
 
 
 def _check(name: str, buf, t: torch.Tensor, shape: list[int], sizes: dict[str, int]) -> None:

@@ -7,6 +7,9 @@ dims it reads, and a body of statements:
   `parallel`, and only at the top level: the runtime splits its range across threads.
 - `Let(var, value)`: names a scalar.
 - `Store(buf, index, value)`: writes one element.
+- `Check(buf, value)`: an index check; `value` (i32) is 0 where it holds, else the check's bit.
+  The kernel's status word `buf` (role `status`) ends the call holding the bits of the checks
+  that failed, and the runtime raises the error of the lowest (`program.py`, status slots).
 - `Reduce(var, kind, loops, init, body, value)`: folds `value` over the loops' index space with
   `kind` (sum, max, min, prod) starting from `init`; `var` holds the result after the statement,
   so further loops in the same block can use it (softmax, layer norm).
@@ -36,7 +39,7 @@ from ..ir.ops.nn import PANEL_WIDTHS
 from ..ir.ops.reduction import TOPK_ORDERS
 from .index_math import fold_divisions
 
-ROLES = ("in", "out", "scratch")
+ROLES = ("in", "out", "scratch", "status")
 REDUCE_KINDS = ("sum", "max", "min", "prod")
 
 
@@ -297,6 +300,17 @@ class Store(Stmt):
                              f"indices")
         if self.value.dtype != self.buf.dtype:
             raise ValueError(f"storing a {self.value.dtype} value into %{self.buf.name} of {self.buf.dtype}")
+
+
+class Check(Store):
+    """`buf[0] = or(buf[0], value)` on the kernel's status word (a Store to every pass that walks
+    stores: its value is an expression like any other)."""
+
+    def __init__(self, buf: Buffer, value: Expr):
+        super().__init__(buf, (0,), value)
+        if buf.role != "status" or buf.dtype != DType.i32:
+            raise ValueError(f"a check writes the kernel's status word (an i32 buffer of role status), "
+                             f"not %{buf.name}")
 
 
 @dataclass

@@ -30,7 +30,7 @@ import sympy
 from ..errors import CuvilParseError
 from ..ir.types import DType, sym
 from .kernel_ir import (FUNCS, GEMM_INTS, GEMM_TAPS, GEMM_WINDOW, REDUCE_KINDS, ROLES, TOPK_INTS, BufRef, Buffer,
-                        Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, TopK, Var,
+                        Call, Cast, Check, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, TopK, Var,
                         loop_var, operands, scalar_index)
 
 INDENT = "  "
@@ -188,6 +188,9 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
         elif isinstance(s, Let):
             where.expression(s.value, here)
             lines.append(f"{pad}%{names(s.var.name)} = {expr_str(s.value, names)}")
+        elif isinstance(s, Check):
+            where.expression(s.value, here)
+            lines.append(f"{pad}check %{names(s.buf.name, 'b')}, {expr_str(s.value, names)}")
         elif isinstance(s, Store):
             where.expression(s.value, here)
             lines.append(f"{pad}{_access(s.buf, s.index, names)} = {expr_str(s.value, names)}")
@@ -396,7 +399,7 @@ class _Parser:
     def buffer_decl(self):
         tok = self.expect_kind("pname", "a buffer parameter like %x")
         self.expect(":")
-        role_tok = self.expect_kind("ident", "a role (in, out, scratch)")
+        role_tok = self.expect_kind("ident", "a role (in, out, scratch, status)")
         if role_tok.text not in ROLES:
             raise self.error(f"unknown buffer role '{role_tok.text}' (expected {', '.join(ROLES)})", role_tok)
         dtype = self.dtype()
@@ -484,6 +487,8 @@ class _Parser:
             return self.gemm()
         if self.at("topk"):
             return self.topk()
+        if self.at("check"):
+            return self.check()
         if tok.kind != "pname":
             raise self.error(f"expected a statement, got {tok.text!r}")
         if self.toks[self.i + 1].text == "[":
@@ -574,6 +579,14 @@ class _Parser:
         if missing:
             raise self.error(f"topk is missing {', '.join(missing)}", tok)
         return self.build(tok, lambda: TopK(**fields))
+
+    def check(self):
+        tok = self.next()
+        buf = self.buffer_ref()
+        self.expect(",")
+        value = self.expr()
+        self.end_of_line()
+        return self.build(tok, Check, buf, value)
 
     def call_fields(self, what: str, kinds: dict[str, str]) -> dict:
         """`name=value, ...` to the end of the line, each value parsed as its kind says: a buffer

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..errors import CuvilUnsupportedOpError
+from ..index_inputs import index_outside
 from ..ir.core import Operation
 from ..ir.ops.common import pair
 from ..ir.ops.nn import TO_NHWC, spatial_axes
@@ -1006,7 +1007,7 @@ def index_put(lw, op):
     indices wins as in torch's CPU loop, and the cost is one pass over x and one over values (a
     comparison of every index with every row would cost their product). The row is a scalar read
     at run time (`Let`), negative ones counted from the end; a row outside x makes the row loop's
-    extent 0 (its address clamped into x all the same)."""
+    extent 0 (its address clamped into x all the same), and fails the call as torch raises."""
     x, index, values = op.operands
     T = _raw_buffer(lw, op, x.type.dtype)
     lw.materialized[id(op.result)] = lambda idx: Load(T, idx)
@@ -1019,7 +1020,9 @@ def index_put(lw, op):
     def put(i):
         given = lw.let(cast(Load(I, [i]), i64), "row")
         row = lw.let(call("select", call("lt", given, Const(0, i64)), call("add", given, Index(R)), given), "row")
-        inside = lw.let(cast(call("and", call("ge", row, Const(0, i64)), call("lt", row, Index(R))), i64), "inside")
+        holds = lw.let(call("and", call("ge", row, Const(0, i64)), call("lt", row, Index(R))), "in")
+        lw.check(holds, index_outside(op, 0, R, -R))
+        inside = lw.let(cast(holds, i64), "inside")
         at = sympy.Min(sympy.Max(scalar_index(row.name), 0), sympy.sympify(R) - 1)
 
         def element(*cols):

@@ -36,7 +36,7 @@ import sympy
 from llvmlite import ir
 
 from ..ir.types import DType
-from .kernel_ir import (Buffer, Call, Cast, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, TopK,
+from .kernel_ir import (Buffer, Call, Cast, Check, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, TopK,
                         Var, GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
@@ -256,7 +256,14 @@ class KernelEmitter:
         start = body.append_basic_block("start")
         self.b = ir.IRBuilder(start)
         self.at(1, None)
+        self.failed = None
+        status = next((b for b in k.buffers if b.role == "status"), None)
+        if status is not None:
+            self.failed = self._accumulator(I32, "failed")
+            ir.IRBuilder(self.entry).store(ir.Constant(I32, 0), self.failed)
         self.block(k.body)
+        if status is not None:
+            self._report_failed(self.bufs[status.name])
         self.b.ret_void()
         ir.IRBuilder(self.entry).branch(start)   # allocas go into `entry`, before this branch
         self._entry_point(body)
@@ -306,6 +313,19 @@ class KernelEmitter:
         if s.buf.dtype == DType.bool:
             value = self.b.zext(value, I8)
         self.b.store(value, self.address(s.buf, s.index), align=s.buf.dtype.itemsize)
+
+    def check(self, s: Check) -> None:
+        """The checks failed so far, or-ed into a local that LLVM promotes to a phi: an or
+        reduction (one cycle a step on the loop's critical path), where a store per check would
+        stop vectorisation (`_report_failed` stores it once)."""
+        self.b.store(self.b.or_(self.b.load(self.failed, typ=I32), self.expr(s.value)), self.failed)
+
+    def _report_failed(self, status: ir.Value) -> None:
+        """At the end of the call, the failed checks into the status word: an atomic or, as the
+        chunks of a split kernel run at once on several threads."""
+        failed = self.b.load(self.failed, typ=I32)
+        with self.b.if_then(self.b.icmp_unsigned("!=", failed, ir.Constant(I32, 0)), likely=False):
+            self.b.atomic_rmw("or", status, failed, "monotonic")
 
     def loop(self, s: Loop) -> None:
         tile = transposed_tile(s)
@@ -1129,7 +1149,7 @@ def _f32_to_bf16(em: KernelEmitter, v: ir.Value) -> ir.Value:
     return b.trunc(b.select(nan, ir.Constant(I32, 0x7FC0), rounded), I16)
 
 
-STATEMENTS = {Let: KernelEmitter.let, Store: KernelEmitter.store, Loop: KernelEmitter.loop,
+STATEMENTS = {Let: KernelEmitter.let, Store: KernelEmitter.store, Check: KernelEmitter.check, Loop: KernelEmitter.loop,
               Reduce: KernelEmitter.reduce, Gemm: KernelEmitter.gemm, TopK: KernelEmitter.topk}
 EXPRESSIONS = {Const: KernelEmitter.const, Var: KernelEmitter.var, Load: KernelEmitter.load,
                Call: KernelEmitter.call, Cast: KernelEmitter.cast, Index: KernelEmitter.index_value}

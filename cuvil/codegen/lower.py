@@ -26,19 +26,20 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import sympy
 
 from ..errors import CuvilUnsupportedOpError, CuvilVerifyError
+from ..index_inputs import index_outside
 from ..ir.core import Function, Operation, Value
 from ..ir.ops.common import is_one
 from ..ir.types import DType, dim_str, dims_equal, norm_dim
 from . import scalar_ops
 from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, floor_div, index_max, index_min,
                          modulo, reshape_groups, tile_extent)
-from .kernel_ir import (Buffer, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
+from .kernel_ir import (Buffer, Check, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands
 from .scalar_ops import call, cast, const
@@ -67,7 +68,7 @@ def op_kind(op: Operation) -> str:
         return "reduction"
     if op.name in VIEWS or op.name in ("cuvil.cat", "cuvil.slice_scatter", "cuvil.triu", "cuvil.tril"):
         return "view"
-    if op.name in scalar_ops.EMITTERS:
+    if op.name in scalar_ops.EMITTERS or op.name == "cuvil.check_index":     # the check: `_elementwise`
         return "elementwise"
     if op.name in GATHERS:
         return "gather"
@@ -395,12 +396,16 @@ GATHERS: dict[str, Callable] = {"cuvil.embedding": _embedding, "cuvil.index_sele
 
 # ----------------------------------------------------------------------------- the lowering
 
+STATUS_BITS = 31       # the checks of one kernel with a bit of their own in its (i32) status word
+
 @dataclass
 class LoweredKernel:
-    """A kernel and the graph values its buffers hold (`None` for scratch), in buffer order."""
+    """A kernel and the graph values its buffers hold (`None` for scratch and the status word),
+    in buffer order; `checks[k]` says what the call refused where its status has bit k set."""
     ops: list[Operation]
     kernel: Kernel
     values: list[Value | None]
+    checks: list[str] = field(default_factory=list)
 
 
 class GroupLowering:
@@ -430,6 +435,8 @@ class GroupLowering:
         self.reductions: dict[int, dict[str, Var]] = {}   # op -> scalars it made in this outer iteration
         self.known: Bounds = {}
         self.mask: Expr | None = None
+        self.status: Buffer | None = None    # the status word, once a check needs it
+        self.checks: list[str] = []          # what each check refuses: check k sets bit k
         self._names = itertools.count()
         self._enclosing: list[str] = []      # loop and reduction variables of the statements being built
         self._collect_buffers()
@@ -608,6 +615,11 @@ class GroupLowering:
             args = [self.value(op.operands[0], idx)] + [self.value(s, (idx[1],)) for s in op.operands[1:]]
         else:
             args = [self.value(o, broadcast_index(idx, out_shape, o.type.shape)) for o in op.operands]
+        if op.name == "cuvil.check_index":
+            (size,), x = op.attrs["size"], args[0]
+            self.check(call("and", call("ge", x, const(0, x.dtype)), call("lt", x, cast(Index(size), x.dtype))),
+                       index_outside(op, op.attrs["dim"], size, 0))
+            return x
         return scalar_ops.emit(op, args, self.let)
 
     def _view(self, op: Operation, v: Value, idx) -> Expr:
@@ -701,8 +713,9 @@ class GroupLowering:
         return call("select", inside, piece, const(op.attrs["value"], piece.dtype))
 
     def _gather(self, op: Operation, idx) -> Expr:
-        """A load whose index is read from an index tensor. Indices outside the table give NaN
-        (0 for integer tables) instead of reading outside the buffer (torch raises there)."""
+        """A load whose index is read from an index tensor. An index outside the table fails the
+        call, as torch raises (`check`); the load is masked all the same, never reading outside
+        the buffer (NaN there, 0 for integer tables)."""
         table, picks = GATHERS[op.name](op, idx)
         if not self._is_source(table):
             raise CuvilUnsupportedOpError(op.name, _where(op), "the table must be a weight or an input of the kernel")
@@ -711,11 +724,14 @@ class GroupLowering:
         for k, entry in enumerate(picks):
             if isinstance(entry, tuple):          # (index tensor, its index): a dynamic entry
                 j = cast(self.value(*entry), DType.i64)
-                size = Index(table.type.shape[k])
+                n = table.type.shape[k]
+                size = Index(n)
+                lo = -n if op.name == "cuvil.index" else 0
                 if op.name == "cuvil.index":      # advanced indexing counts negative indices from the end
                     j = call("select", call("lt", j, const(0, DType.i64)), call("add", j, size), j)
                 j = self.let(j, "j") if not isinstance(j, (Var, Const)) else j
-                inside.append(call("and", call("ge", j, const(0, DType.i64)), call("lt", j, size)))
+                inside.append(self.let(call("and", call("ge", j, const(0, DType.i64)), call("lt", j, size)), "in"))
+                self.check(inside[-1], index_outside(op, k, n, lo))
                 index.append(j)
             else:
                 index.append(entry)
@@ -724,6 +740,26 @@ class GroupLowering:
             mask = call("and", mask, m)
         other = Const(float("nan") if buf.dtype.is_float else 0, buf.dtype)
         return cast(Load(buf, index, mask, other), compute_dtype(buf.dtype))
+
+    def check(self, holds: Expr, what: str) -> None:
+        """Fail the call with `what` where `holds` is false (within a masked read, where the read
+        happens). The kernel's status word carries the failure to the runtime, which raises
+        `CuvilIndexError` with `what`."""
+        if self.status is None:
+            self.status = Buffer("status", DType.i32, (1,), "status")
+            self.buffers.append(self.status)
+            self.values.append(None)
+        if what in self.checks:
+            bit = self.checks.index(what)
+        elif len(self.checks) < STATUS_BITS:
+            bit = len(self.checks)
+            self.checks.append(what)
+        else:       # the last bit stands for every further check
+            bit = STATUS_BITS - 1
+            self.checks[bit] += f"; or {what}"
+        if self.mask is not None:
+            holds = call("or", call("not", self.mask), holds)
+        self.emit(Check(self.status, call("select", holds, Const(0, DType.i32), Const(1 << bit, DType.i32))))
 
     # -- reductions
     def _reduction_value(self, op: Operation, idx) -> Expr:
@@ -754,7 +790,7 @@ class GroupLowering:
         symbols |= index_names(body)
         symbols -= {str(s) for s in self.known if isinstance(s, sympy.Symbol)}
         kernel = Kernel(self.name, self.buffers, sorted(symbols, key=_natural), body)
-        return LoweredKernel(self.ops, kernel, self.values)
+        return LoweredKernel(self.ops, kernel, self.values, self.checks)
 
     def iterate(self, shape, body: Callable[[list], None], outer_only: bool = False, parallel: bool = True,
                 prefix: str = "") -> None:

@@ -1657,6 +1657,8 @@ ATEN_TABLE = {
     aten.empty.memory_format: like_full(fill=0),       # an empty tensor's values are undefined: zeros are some
     aten.empty_permuted.default: like_full(fill=0),
     torch.ops.cuvil.grouped_mm.default: lambda L, rows, weight, offsets: L.op("cuvil.grouped_matmul", rows, weight, offsets),
+    torch.ops.cuvil.check_index.default: lambda L, index, size, dim, of: L.op("cuvil.check_index", index, size=[size],
+                                                                             dim=dim, of=of),
     aten._local_scalar_dense.default: local_scalar_dense,
     aten.sym_storage_offset.default: sym_storage_offset,
     aten.arange.default: arange_end,

@@ -6,6 +6,8 @@
 - `aten.scatter` (of a value or of a tensor) and `aten.scatter_add` of a static index that fits
   in the input (torch's rule): each position along `dim` compared with every index (the cost
   is their product: meant for few positions), over the part of the input the index reaches, padded to the input's sizes (a router's `scatter(-1, top, -inf)`).
+  The index goes through `cuvil::check_index` first: one outside the dim matches no position,
+  and would write nothing where torch raises.
 - `aten.grid_sampler_2d` (`F.grid_sample`: deformable attention in Mask2Former, Deformable DETR):
   bilinear or nearest, with zero or border padding, as gathers along the flattened image of each
   corner's index, computed once per sample point and shared by the channels, its weight 0 where
@@ -65,6 +67,7 @@ def _to_input(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value) -> torch.Tensor:
     if (dim := _scatter_form(x, dim, index)) is None:
         return NotImplemented
+    index = torch.ops.cuvil.check_index(index, x.shape[dim], dim, "scatter")
     hit = _to_input(_names_along(index, dim, x.shape[dim]).any(dim).to(torch.int8), x)
     return torch.where(hit > 0, torch.scalar_tensor(value, dtype=x.dtype), x)
 
@@ -72,6 +75,7 @@ def scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value) -> torc
 def scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if (dim := _scatter_form(x, dim, index)) is None:
         return NotImplemented
+    index = torch.ops.cuvil.check_index(index, x.shape[dim], dim, "scatter")
     src = src[tuple(slice(0, n) for n in index.shape)].to(x.dtype)
     order = torch.arange(1, index.shape[dim] + 1, device=x.device).reshape([-1] + [1] * (x.dim() - dim))
     last = (_names_along(index, dim, x.shape[dim]) * order).amax(dim)          # 0: no index names it
@@ -82,6 +86,7 @@ def scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tenso
 def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if (dim := _scatter_form(x, dim, index)) is None:
         return NotImplemented
+    index = torch.ops.cuvil.check_index(index, x.shape[dim], dim, "scatter_add")
     src = src[tuple(slice(0, n) for n in index.shape)].to(x.dtype)
     names = _names_along(index, dim, x.shape[dim])
     return x + _to_input(torch.where(names, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim), x)
@@ -116,6 +121,20 @@ def _unnormalize(coord: torch.Tensor, size: int, align_corners: bool, padding_mo
     """A grid coordinate in [-1, 1] as a pixel coordinate (torch's `grid_sampler_compute_source_index`)."""
     pixel = (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
     return pixel.clamp(0, size - 1) if padding_mode == 1 else pixel
+
+
+@torch.library.custom_op("cuvil::check_index", mutates_args=())
+def check_index_op(index: torch.Tensor, size: int, dim: int, of: str) -> torch.Tensor:
+    """`cuvil.check_index` as a torch op: `index` (a copy: a custom op's result may not alias its
+    operand), each value in [0, size), or IndexError as torch's `of` raises."""
+    if index.numel() and not (0 <= int(index.min()) and int(index.max()) < size):
+        raise IndexError(f"{of}: an index outside [0, {size - 1}] in dim {dim}")
+    return index.clone()
+
+
+@check_index_op.register_fake
+def _check_index_shape(index, size, dim, of):
+    return torch.empty_like(index)
 
 
 @torch.library.custom_op("cuvil::grouped_mm", mutates_args=())

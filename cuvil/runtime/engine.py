@@ -21,7 +21,9 @@ The engine is built from a JIT module and a plain-data program (`Program.describ
         {"kind": "output", "index": i, "bytes": EXPR, "dtype": "f32"},
         {"kind": "arena",  "offset": EXPR, "bytes": EXPR},
         {"kind": "const",  "data": TENSOR, "dtype": "f32"},  # any contiguous CPU DLPack tensor;
-      ],                                                      # the engine keeps it alive
+                                                              # the engine keeps it alive
+        {"kind": "status", "errors": [MESSAGE, ...]},   # an i32 zeroed before every call; a kernel
+      ],           # sets bit k there to fail the call: CuvilIndexError(errors[k]) after it, lowest k
       "steps": [
         {"kernel": ADDRESS,    # must be a kernel of the module
          "slots": [slot, ...], "dims": [EXPR, ...],
@@ -76,12 +78,13 @@ def load_module(owner: Any, kernels: Sequence[Kernel]) -> _native.JitModule:
 
 @dataclass(frozen=True)
 class Slot:
-    kind: str  # "input" | "output" | "arena" | "const"
+    kind: str  # "input" | "output" | "arena" | "const" | "status"
     index: int | None = None        # input / output position
     type: TensorType | None = None  # input / output
     offset: Any = 0                 # arena: bytes from the arena start (int or sympy)
     bytes: Any = 0                  # arena
     data: torch.Tensor | None = None  # const
+    errors: tuple[str, ...] = ()    # status: what the call refused where the status word has bit k
 
     @staticmethod
     def input(index: int, type: TensorType) -> "Slot":
@@ -98,6 +101,12 @@ class Slot:
     @staticmethod
     def const(data: torch.Tensor) -> "Slot":
         return Slot("const", data=data)
+
+    @staticmethod
+    def status(errors) -> "Slot":
+        """One step's status word (an i32 the engine zeroes before each call): bit k set after
+        the call raises `CuvilIndexError(errors[k])` (the lowest such k)."""
+        return Slot("status", errors=tuple(errors))
 
 
 @dataclass(frozen=True)
@@ -141,8 +150,10 @@ class Program:
                 slots.append({"kind": "arena", "offset": post(s.offset), "bytes": post(s.bytes)})
             elif s.kind == "const":
                 slots.append({"kind": "const", "data": s.data, "dtype": DType.from_torch(s.data.dtype).value})
+            elif s.kind == "status":
+                slots.append({"kind": "status", "errors": list(s.errors)})
             else:
-                raise ValueError(f"slot kind '{s.kind}' is not input, output, arena or const")
+                raise ValueError(f"slot kind '{s.kind}' is not input, output, arena, const or status")
         steps = []
         for i, st in enumerate(self.steps):
             if st.kernel not in kernels:

@@ -243,8 +243,15 @@ SlotDesc read_slot(py::handle h, const std::string& path, int n_symbols) {
         s.data = v.data;
         s.data_bytes = v.nbytes;
         s.keepalive = std::move(v.owner);
+    } else if (kind == "status") {
+        s.kind = SlotKind::Status;
+        py::list errors = to_list(f.required("errors"), f.at("errors"));
+        for (size_t i = 0; i < errors.size(); ++i) {
+            if (!py::isinstance<py::str>(errors[i])) bad(f.at("errors") + "[" + std::to_string(i) + "]", "expected a str");
+            s.errors.push_back(errors[i].cast<std::string>());
+        }
     } else {
-        bad(f.at("kind"), "expected 'input', 'output', 'arena' or 'const'");
+        bad(f.at("kind"), "expected 'input', 'output', 'arena', 'const' or 'status'");
     }
     f.done();
     return s;
@@ -386,6 +393,15 @@ PYBIND11_MODULE(_native, m) {
     py::object cuvil_error = py::module_::import("cuvil.errors").attr("CuvilError");
     py::register_exception<ProgramError>(m, "ProgramError", cuvil_error);
     py::register_exception<RunError>(m, "RunError", cuvil_error);
+    // a failed check raises CuvilIndexError itself (an IndexError, as eager raises)
+    static py::handle index_error = py::object(py::module_::import("cuvil.errors").attr("CuvilIndexError")).release();
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const CheckFailed& e) {
+            PyErr_SetString(index_error.ptr(), e.what());
+        }
+    });
     m.attr("CAPSULE_NAME") = CUVIL_ENGINE_CAPSULE;
     m.attr("ABI_VERSION") = CUVIL_ENGINE_ABI_VERSION;
 

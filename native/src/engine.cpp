@@ -42,6 +42,7 @@ const char* kind_name(SlotKind k) {
     case SlotKind::Output: return "output";
     case SlotKind::Arena: return "arena";
     case SlotKind::Const: return "const";
+    case SlotKind::Status: return "status";
     }
     return "?";
 }
@@ -160,6 +161,9 @@ void Engine::validate() {
             break;
         case SlotKind::Const:
             if (!sl.data && sl.data_bytes) refuse(where, "null data");
+            break;
+        case SlotKind::Status:
+            status_slots_.push_back(static_cast<int>(i));
             break;
         }
     }
@@ -445,7 +449,11 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
     thread_local std::vector<char*> base;
     thread_local std::vector<std::pair<size_t, int64_t>> arena_slots;  // slot, offset
     thread_local CallLayout layout;
+    // One status word per status slot, zeroed: a kernel whose check fails sets the check's bit there.
+    thread_local std::vector<int32_t> status;
+    status.assign(status_slots_.size(), 0);
     base.assign(p.slots.size(), nullptr);
+    for (size_t k = 0; k < status_slots_.size(); ++k) base[status_slots_[k]] = reinterpret_cast<char*>(&status[k]);
     arena_slots.clear();
     for (size_t i = 0; i < p.slots.size(); ++i) {
         const SlotDesc& sl = p.slots[i];
@@ -475,6 +483,7 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
             break;
         }
         case SlotKind::Const: base[i] = static_cast<char*>(sl.data); break;
+        case SlotKind::Status: break;
         }
     }
 
@@ -536,11 +545,19 @@ void Engine::run(const Buffer* inputs, size_t n_inputs, const Buffer* outputs, s
             StepTiming timing = Call::execute(plan_[s], layout, Task{0, s, 0}, 0, profile != nullptr);
             if (profile) profile->push_back(timing);
         }
-        return;
+    } else {
+        auto call = std::make_shared<Call>(*this, layout, profile);
+        call->start(total_tasks);
+        call->help_until_done();
     }
-    auto call = std::make_shared<Call>(*this, layout, profile);
-    call->start(total_tasks);
-    call->help_until_done();
+    for (size_t k = 0; k < status_slots_.size(); ++k) {
+        if (status[k] == 0) continue;
+        const std::vector<std::string>& errors = p.slots[status_slots_[k]].errors;
+        size_t bit = static_cast<size_t>(__builtin_ctz(static_cast<uint32_t>(status[k])));
+        throw CheckFailed(bit < errors.size() ? errors[bit]
+                                              : "slots[" + std::to_string(status_slots_[k]) + "]: check " +
+                                                    std::to_string(bit) + " failed");
+    }
 }
 
 }  // namespace cuvil

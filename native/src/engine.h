@@ -24,6 +24,10 @@ struct ProgramError : std::runtime_error {
 struct RunError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+// A call a kernel's check failed in (an index outside its table): the slot's error message.
+struct CheckFailed : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
 
 // Kernel ABI. A splittable kernel gets dims = {begin, end, <its declared dims>...} and
 // processes outer iterations [begin, end); any other kernel gets its declared dims only.
@@ -51,7 +55,7 @@ private:
     std::shared_ptr<void> owner_;
 };
 
-enum class SlotKind { Input, Output, Arena, Const };
+enum class SlotKind { Input, Output, Arena, Const, Status };
 
 struct SlotDesc {
     SlotKind kind = SlotKind::Arena;
@@ -62,6 +66,7 @@ struct SlotDesc {
     void* data = nullptr;   // const
     uint64_t data_bytes = 0;
     std::shared_ptr<void> keepalive;  // const: owns the memory at `data`
+    std::vector<std::string> errors;  // status: the message of the check of each bit
 };
 
 struct SplitDesc {
@@ -145,6 +150,7 @@ private:
     std::vector<int> roots_;
     std::vector<int> serial_order_;  // the steps as one thread runs them
     std::vector<int> input_slot_, output_slot_;  // position -> slot index (-1: unused input)
+    std::vector<int> status_slots_;  // the status slots, in slot order
     size_t total_bufs_ = 0, total_dims_ = 0;
 
     mutable std::mutex arena_mutex_;

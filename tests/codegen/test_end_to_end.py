@@ -48,7 +48,7 @@ def run(fn, constants, lowered, compiled, ids):
         for buf, v in zip(lk.kernel.buffers, lk.values):
             if buf.role == "out":
                 env[id(v)] = torch.empty([evaluate(d, sizes) for d in buf.shape], dtype=buf.dtype.torch)
-            if buf.role != "scratch":
+            if buf.role in ("in", "out"):
                 tensors.append(env[id(v)])
         call_kernel(compiled, lk.kernel.name, tensors, sizes, split=2)
     return env[id(fn.return_op.operands[0])]

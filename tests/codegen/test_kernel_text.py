@@ -109,6 +109,8 @@ def test_built_kernel_prints_and_parses():
     ("kernel @k(%x: in f32[4]) {\n  %a = 1.0:f32 $\n}\n", 2, 16, "unexpected character '$'"),
     ("kernel @k(%x: in f32[4]) {\n  for i in 0..4 {\n    for i in 0..2 {\n    }\n  }\n}\n", 3, 5,
      "i is already defined"),
+    ("kernel @k(%x: out i32[1]) {\n  check %x, 1:i32\n}\n", 2, 3,
+     "a check writes the kernel's status word (an i32 buffer of role status), not %x"),
 ])
 def test_parse_errors_name_line_and_column(text, line, col, message):
     with pytest.raises(CuvilParseError) as e:

@@ -6,6 +6,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
+from cuvil import CuvilIndexError
 from cuvil.codegen.kernel_ir import Cast, Load, loop_var
 from cuvil.codegen.jit import build_module
 from cuvil.codegen.kernel_text import print_kernel
@@ -305,22 +306,25 @@ def test_views_are_recomputed_in_each_consumer():
 
 
 def test_gathers_read_indices_from_memory():
-    g = Graph("gathers", lambda b, w, ids, x, i2, i3: [
+    g = Graph("gathers", lambda b, w, ids, x, i2, i3, i4: [
         b("cuvil.mul", b("cuvil.embedding", w, ids), b("cuvil.literal", value=2.0, dtype=DType.f32)),
         b("cuvil.index_select", x, i2, dim=1),
         b("cuvil.gather", x, i3, dim=1),
-        b("cuvil.index", x, i2)],
-        [T(10, 4), T("s0", 3, dtype=DType.i64), T(5, 6), T(4, dtype=DType.i64), T(5, 2, dtype=DType.i64)])
+        b("cuvil.index", x, i4)],
+        [T(10, 4), T("s0", 3, dtype=DType.i64), T(5, 6), T(4, dtype=DType.i64), T(5, 2, dtype=DType.i64),
+         T(4, dtype=DType.i64)])
     assert len(g.kernels) == 4
     compiled = compile_graphs([g])
     w, x = rand(10, 4), rand(5, 6, seed=1)
-    ids = torch.tensor([[0, 9, 3], [2, 2, 12]])            # 12 is out of range: a NaN row, no stray read
-    i2, i3 = torch.tensor([4, 0, -1, 3]), torch.tensor([[0, 5]] * 5)
-    emb, sel, gat, adv = run(g, compiled, w, ids, x, i2, i3)
-    torch.testing.assert_close(emb[0], w[ids[0]] * 2)
-    torch.testing.assert_close(emb[1, :2], w[ids[1, :2]] * 2)
-    assert torch.isnan(emb[1, 2]).all()
-    assert torch.isnan(sel[:, 2]).all()                     # torch raises on -1 here
-    torch.testing.assert_close(sel[:, [0, 1, 3]], torch.index_select(x, 1, torch.tensor([4, 0, 3])))
+    ids = torch.tensor([[0, 9, 3], [2, 2, 7]])
+    i2, i3, i4 = torch.tensor([4, 0, 1, 3]), torch.tensor([[0, 5]] * 5), torch.tensor([4, 0, -1, -5])
+    emb, sel, gat, adv = run(g, compiled, w, ids, x, i2, i3, i4)
+    torch.testing.assert_close(emb, w[ids] * 2)
+    torch.testing.assert_close(sel, torch.index_select(x, 1, i2))
     torch.testing.assert_close(gat, torch.gather(x, 1, i3))
-    torch.testing.assert_close(adv, x[i2])                  # advanced indexing wraps -1
+    torch.testing.assert_close(adv, x[i4])                  # advanced indexing counts -1 from the end
+    for bad in ([ids.clone().fill_(10), i2, i3, i4], [ids, torch.tensor([0, -1, 0, 0]), i3, i4],
+                [ids, i2, torch.full((5, 2), 6), i4], [ids, i2, i3, torch.tensor([0, 0, 5, 0])],
+                [ids, i2, i3, torch.tensor([-6, 0, 0, 0])]):
+        with pytest.raises(CuvilIndexError, match="index check 0 failed"):     # torch raises on each
+            run(g, compiled, w, bad[0], x, *bad[1:])

@@ -203,7 +203,7 @@ def test_program_objects_with_unknown_kernels_or_slot_kinds_are_refused(jitted, 
         Executable(program, jitted[1])
     program = dag_program(weight)
     program.slots[5] = Slot("scratch")
-    with pytest.raises(ValueError, match="slot kind 'scratch' is not input, output, arena or const"):
+    with pytest.raises(ValueError, match="slot kind 'scratch' is not input, output, arena, const or status"):
         Executable(program, jitted[1])
 
 

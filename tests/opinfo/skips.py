@@ -123,6 +123,10 @@ UNMAPPED: dict[str, str] = {
                               "test_a_run_time_check_of_tensor_values_is_refused_with_torchs_message",
     "aten.fmod.Scalar": "OpInfo's fmod samples divide by tensors only; tests/unit/test_frontend.py::"
                         "test_fmod_and_remainder_by_a_python_number compiles the scalar form against eager",
+    "cuvil.check_index.default": "Cuvil's own op (a scatter's index, checked), with no OpInfo; the scatter "
+                                 "OpInfo samples run through it, and tests/unit/test_index_checks.py::"
+                                 "test_a_scatter_index_outside_the_input_raises_where_it_wrote_nothing checks "
+                                 "what it refuses",
     "cuvil.grouped_mm.default": "Cuvil's own op (a mixture of experts' grouped product), with no OpInfo; "
                                 "tests/codegen/test_grouped_matmul.py compares it with its torch loop of products",
     "aten.empty.memory_format": "an empty tensor's values are undefined, so no OpInfo sample can compare them; "

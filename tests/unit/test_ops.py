@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from cuvil.errors import CuvilParseError, CuvilVerifyError
+from cuvil.errors import CuvilError, CuvilParseError, CuvilVerifyError
 from cuvil.ir import Builder, DType, Function, Module, TensorType, interpret, parse, sym, verify
 from cuvil.ir.core import OP_REGISTRY
 from cuvil.ir.ops import builtin_ops, ops_with_tag
@@ -928,6 +928,21 @@ def test_grouped_matmul():
         build("cuvil.grouped_matmul", [T(F32, 5, 3), T(F32, 3, 2, 2), T(DType.i64, 3)])
     with pytest.raises(CuvilVerifyError, match="offsets must have shape"):
         build("cuvil.grouped_matmul", [T(F32, 5, 2), T(F32, 3, 2, 2), T(DType.i64, 4)])
+
+
+def test_check_index():
+    """The index itself where every value lies in [0, size); the interpreter reports the IndexError
+    naming the scatter elsewhere."""
+    index = torch.tensor([[0, 4], [2, 3]])
+    types, (out,) = run("cuvil.check_index", [index], {"size": [5], "dim": 1, "of": "scatter"},
+                        types=[T(DType.i64, s0, 2)])
+    assert types == ["tensor<s0x2xi64>"]
+    assert out.tolist() == index.tolist()
+    for bad in (5, -1):
+        with pytest.raises(CuvilError, match="IndexError: scatter: an index outside \\[0, 4\\] in dim 1"):
+            run("cuvil.check_index", [torch.tensor([0, bad])], {"size": [5], "dim": 1, "of": "scatter"})
+    with pytest.raises(CuvilVerifyError, match="index must be i64 or i32"):
+        build("cuvil.check_index", [T(F32, 3)], {"size": [5], "dim": 0, "of": "scatter"})
 
 
 def test_index_put():

@@ -1,4 +1,4 @@
-"""Elementwise ops: unary and binary maps, gelu, clamp, cast, where.
+"""Elementwise ops: unary and binary maps, gelu, clamp, check_index, cast, where.
 
 Binary ops broadcast like torch and promote dtypes like torch (`torch.result_type`; a rank-0
 operand counts as a scalar). Each op is one declared class; the factories below only fill in the
@@ -149,6 +149,33 @@ class ClampOp(OpDef):
         if not x.is_floating_point():
             lo, hi = (None if b is None else int(b) for b in (lo, hi))
         return torch.clamp(x, lo, hi)
+
+
+@register_op
+class CheckIndexOp(OpDef):
+    """`index` itself, each value checked to lie in [0, size): the index of a scatter (`of`, along
+    `dim`), whose decomposition into comparisons would write nothing for one outside, where torch
+    raises. The kernel computing it fails the call with `CuvilIndexError` there."""
+    name = "cuvil.check_index"
+    operands = ("index",)
+    attrs = {"size": required("dims"), "dim": required("int"), "of": required("str")}
+    tags = frozenset({"elementwise"})
+
+    @staticmethod
+    def infer(types, attrs):
+        (index,) = types
+        if index.dtype not in (DType.i64, DType.i32):
+            raise ValueError(f"index must be i64 or i32, got {index}")
+        if len(attrs["size"]) != 1:
+            raise ValueError(f"size must be one dim, got {attrs['size']}")
+        return [index]
+
+    @staticmethod
+    def evaluate(attrs, index):
+        (size,) = attrs["size"]
+        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < int(size)):
+            raise IndexError(f"{attrs['of']}: an index outside [0, {int(size) - 1}] in dim {attrs['dim']}")
+        return index
 
 
 @register_op
