@@ -8,6 +8,9 @@ Each model gets an empty cache folder and three fresh processes in turn:
 - from the object cache: the same compile with `cache="objects"` (torch.export and the passes run
   again, LLVM's objects come from the cache; `import` is torch.export's share);
 - saved: `cuvil.load` of the file `compiled.save` wrote, median of 5, and its first call.
+Each process runs a full garbage collection before it times anything: Python's first one after
+the imports (60-77 ms over the objects torch and sympy made) fell into whichever stage allocated
+then, and made a 10-15 ms load from the model cache read 80-95 ms.
 `make bench` runs it; results go to `compile_time.json` next to the suite's results.
 
     python -m benchmarks.compile_time [--out DIR] [CASE ...]
@@ -15,6 +18,7 @@ Each model gets an empty cache folder and three fresh processes in turn:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -54,6 +58,9 @@ def measure(case_name: str, stage: str, folder: str) -> dict:
     torch.set_num_threads(1)
     built = SUITE[case_name].build()
     outputs = Path(folder) / "outputs.pt"
+    # Python's first full collection after the imports walks every object torch and sympy made
+    # (60-77 ms here), and falls on whatever allocates then: the process's start-up, not a compile's
+    gc.collect()
     if stage == "cold":
         compiled, cold = _compile(built.model, built.inputs)
         expected = compiled(*built.inputs)
