@@ -68,7 +68,7 @@ def op_kind(op: Operation) -> str:
         return "reduction"
     if op.name in VIEWS or op.name in ("cuvil.cat", "cuvil.slice_scatter", "cuvil.triu", "cuvil.tril"):
         return "view"
-    if op.name in scalar_ops.EMITTERS or op.name == "cuvil.check_index":     # the check: `_elementwise`
+    if op.name in scalar_ops.EMITTERS or op.name in ("cuvil.check_index", "cuvil.check_true"):   # `_elementwise`
         return "elementwise"
     if op.name in GATHERS:
         return "gather"
@@ -620,6 +620,11 @@ class GroupLowering:
             self.check(call("and", call("ge", x, const(0, x.dtype)), call("lt", x, cast(Index(size), x.dtype))),
                        index_outside(op, op.attrs["dim"], size, 0))
             return x
+        if op.name == "cuvil.check_true":
+            where = f" at {op.loc.file}:{op.loc.line}" if op.loc else ""
+            self.check(args[1], f"a check of tensor values failed{where}: {op.attrs['message']} "
+                                f"(eager PyTorch raises too)")
+            return args[0]
         return scalar_ops.emit(op, args, self.let)
 
     def _view(self, op: Operation, v: Value, idx) -> Expr:

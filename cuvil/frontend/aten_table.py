@@ -22,6 +22,7 @@ import sympy
 import torch
 
 from ..ir import DType
+from ..ir.core import Value
 from ..ir.types import dims_equal, norm_dim
 from ..ir.ops.common import window_out
 from ..ir.ops.layout import PAD_MODES
@@ -1367,10 +1368,14 @@ def assert_scalar(L: Lowering, cond, msg=None):
 
 
 def assert_async(L: Lowering, cond, msg=""):
-    """A check of tensor values at run time (F.one_hot's index range): Cuvil's kernels raise no
-    errors, so the model is refused, with torch's message."""
-    L.unsupported(f"a run-time check of tensor values ({msg!r}), such as F.one_hot's index range: Cuvil's "
-                  f"kernels cannot raise errors")
+    """A check of tensor values at run time (F.one_hot's index range): checked by the kernel of the
+    model's first output (`importer._return`), which fails the call with torch's message."""
+    if not isinstance(cond, Value):
+        if not cond:
+            L.unsupported(f"an assertion that always fails ({msg!r})")
+        return None
+    L.assertions.append((L.cast(cond, DType.bool), msg or "assertion failed", L.frame))
+    return None
 
 
 def arange_end(L: Lowering, end, *_):

@@ -72,6 +72,7 @@ class Lowering:
         self.node: torch.fx.Node | None = None
         self.frame: SourceFrame | None = None
         self.data_bounds: dict = {}     # symbols of tensor values read by assertions: their (lo, hi)
+        self.assertions: list[tuple[Value, str, SourceFrame | None]] = []   # checks of tensor values: `_return`
 
     # -- emitting
     @property
@@ -304,6 +305,11 @@ def _return(lowering: Lowering, env: dict, node: torch.fx.Node, outputs: list[in
     for i, r in enumerate(results):
         if not isinstance(r, Value):
             raise CuvilUnsupportedOpError("non-tensor output", None, f"output {i} is {r!r}; Cuvil returns tensors only")
+    # a check of tensor values (`torch._assert_async`) has no result: it rides on the first output,
+    # whose kernel checks it (so no pass drops it)
+    for cond, message, frame in lowering.assertions if results else ():
+        lowering.frame = frame
+        results[0] = lowering.op("cuvil.check_true", results[0], cond, message=message)
     lowering.builder.create("cuvil.return", results)
 
 

@@ -945,6 +945,19 @@ def test_check_index():
         build("cuvil.check_index", [T(F32, 3)], {"size": [5], "dim": 0, "of": "scatter"})
 
 
+def test_check_true():
+    """x itself where cond holds everywhere (cond broadcast to x); the message otherwise."""
+    x = torch.arange(6.0).reshape(2, 3)
+    types, (out,) = run("cuvil.check_true", [x, torch.tensor(True)], {"message": "classes too large"})
+    assert types == ["tensor<2x3xf32>"] and out.tolist() == x.tolist()
+    with pytest.raises(CuvilError, match="RuntimeError: classes too large"):
+        run("cuvil.check_true", [x, torch.tensor([True, False, True])], {"message": "classes too large"})
+    with pytest.raises(CuvilVerifyError, match="cond must be bool"):
+        build("cuvil.check_true", [T(F32, 3), T(F32)], {"message": "m"})
+    with pytest.raises(CuvilVerifyError, match="does not broadcast to x"):
+        build("cuvil.check_true", [T(F32, 3), T(DType.bool, 2, 3)], {"message": "m"})
+
+
 def test_index_put():
     """Rows named by the index replaced (the last of repeated indices wins, -1 is the last row) or
     added to; an index outside the rows changes nothing. Hand-checked."""

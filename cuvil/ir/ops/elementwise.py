@@ -1,4 +1,4 @@
-"""Elementwise ops: unary and binary maps, gelu, clamp, check_index, cast, where.
+"""Elementwise ops: unary and binary maps, gelu, clamp, check_index, check_true, cast, where.
 
 Binary ops broadcast like torch and promote dtypes like torch (`torch.result_type`; a rank-0
 operand counts as a scalar). Each op is one declared class; the factories below only fill in the
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import OpDef, optional, register_op, required
-from ..types import DType, TensorType
+from ..types import DType, TensorType, dims_equal
 from .common import (INTEGER_DTYPES, broadcast_shapes, promote, require_float, require_not_bool, to_float,
                      types_str)
 
@@ -176,6 +176,33 @@ class CheckIndexOp(OpDef):
         if index.numel() and not (0 <= int(index.min()) and int(index.max()) < int(size)):
             raise IndexError(f"{attrs['of']}: an index outside [0, {int(size) - 1}] in dim {attrs['dim']}")
         return index
+
+
+@register_op
+class CheckTrueOp(OpDef):
+    """`x` itself, where every element of `cond` (bool, broadcast to x) is true; else the call
+    fails with `message` (a model's `torch._assert_async`: F.one_hot's index range). The kernel
+    computing it checks `cond`."""
+    name = "cuvil.check_true"
+    operands = ("x", "cond")
+    attrs = {"message": required("str")}
+    tags = frozenset({"elementwise"})
+
+    @staticmethod
+    def infer(types, attrs):
+        x, cond = types
+        if cond.dtype is not DType.bool:
+            raise ValueError(f"cond must be bool, got {cond}")
+        if cond.rank > x.rank or len(broadcast_shapes(x, cond)) != x.rank or \
+                any(not dims_equal(a, b) for a, b in zip(broadcast_shapes(x, cond), x.shape)):
+            raise ValueError(f"cond {cond} does not broadcast to x {x}")
+        return [x]
+
+    @staticmethod
+    def evaluate(attrs, x, cond):
+        if not bool(cond.all()):
+            raise RuntimeError(attrs["message"])
+        return x
 
 
 @register_op

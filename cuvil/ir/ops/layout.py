@@ -208,8 +208,9 @@ class IndexPutOp(OpDef):
     """x with rows replaced through one index tensor along dim 0 (torch's `x[index] = values`,
     index_put): row index[i] of the result is values[i], the last i that names it where several
     do (torch's CPU loop writes them in order), or with `accumulate` x's row plus every values[i]
-    that names it. Negative indices count from the end; one outside the rows changes nothing
-    (eager raises: an index argument is checked at the call, cuvil/index_inputs.py). values is
+    that names it. Negative indices count from the end; one outside the rows changes nothing here,
+    and fails a compiled call (as eager raises: the kernel checks each row, and an index argument
+    is checked at the call too, cuvil/index_inputs.py). values is
     [len(index), *x.shape[1:]], of x's dtype."""
     name = "cuvil.index_put"
     operands = ("x", "index", "values")
