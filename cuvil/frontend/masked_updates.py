@@ -1,0 +1,156 @@
+"""`x[mask] += v`, `x[mask] *= 2`, `x[mask] = f(x[mask], y[mask])`: updates of the elements a bool
+mask selects, computed from elements the same mask selects, as one `where` over the whole tensors.
+
+torch.export captures `x[mask] += v` as `index_put(x, [mask], index(x, [mask]) + v)`, whose middle
+has as many elements as the mask has true values: a size read from the data, which Cuvil does not
+compile. When every value put comes from elementwise ops on elements the same mask selects (and
+on numbers, or tensors that broadcast against the selection the same way as against the whole),
+each selected element's new value is that op applied at its own place, so the put is
+`where(mask, f(x, y), x)`, and no size depends on the data. Anything else (a selection summed,
+returned, or put through another mask) is left as it is, and refused at import as before.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+# nodes that only state facts about the selection's size: erased with it
+_SIZE_FACTS = {aten.sym_size.int, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default,
+               aten.sym_constrain_range.default}
+
+
+def rewrite_masked_updates(graph: torch.fx.Graph) -> bool:
+    """Rewrite every masked update the module docstring describes; True if any was."""
+    changed = False
+    for put in [n for n in graph.nodes if n.op == "call_function" and n.target is aten.index_put.default]:
+        changed |= _rewrite(graph, put)
+    return changed
+
+
+def _rewrite(graph: torch.fx.Graph, put: torch.fx.Node) -> bool:
+    target, indices, values = put.args[:3]
+    accumulate = put.args[3] if len(put.args) > 3 else put.kwargs.get("accumulate", False)
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or not isinstance(values, torch.fx.Node):
+        return False
+    mask = indices[0]
+    full = _val(target)
+    if _val(mask).dtype != torch.bool or _val(mask).shape != full.shape[:_val(mask).dim()]:
+        return False
+    rest = full.dim() - _val(mask).dim()         # the dims after the mask's, taken whole
+    selections: list[torch.fx.Node] = []
+    if not _elementwise_of_selections(values, mask, full.shape, rest, selections) or not selections:
+        return False
+    replaced = {s: s.args[0] for s in selections}
+    with graph.inserting_before(put):
+        whole = _rebuild(graph, values, replaced)
+        if _val(whole).dtype != full.dtype:
+            whole = _node(graph, aten._to_copy.default, (whole,), {"dtype": full.dtype}, put)
+        if accumulate:
+            whole = _node(graph, aten.add.Tensor, (target, whole), {}, put)
+        where_mask = mask
+        for _ in range(rest):
+            where_mask = _node(graph, aten.unsqueeze.default, (where_mask, -1), {}, put)
+        result = _node(graph, aten.where.self, (where_mask, whole, target), {}, put)
+    put.replace_all_uses_with(result)
+    graph.erase_node(put)
+    _erase_dead(graph, selections, set(replaced))
+    return True
+
+
+def _elementwise_of_selections(node, mask, shape, rest: int, selections: list) -> bool:
+    """Whether `node` is elementwise ops over `index(base, [mask])` nodes (base of `shape`) and
+    operands that broadcast against the selection as against the whole (numbers, tensors of at
+    most `rest` dims); the selections found go into `selections`."""
+    if not isinstance(node, torch.fx.Node):
+        return isinstance(node, (int, float, bool))
+    if node.op == "call_function" and node.target is aten.index.Tensor:
+        base, (index,) = node.args[0], node.args[1]
+        if index is mask and _val(base).shape == shape:
+            selections.append(node)
+            return True
+        return False
+    val = _val(node)
+    if val is None or not isinstance(val, torch.Tensor):
+        return False
+    if not _depends_on_selection(node):
+        return val.dim() <= rest          # broadcast along the trailing dims in both
+    if node.op != "call_function" or not _is_elementwise(node):
+        return False
+    args = list(node.args) + [v for v in node.kwargs.values() if isinstance(v, torch.fx.Node)]
+    return all(_elementwise_of_selections(a, mask, shape, rest, selections) for a in args)
+
+
+def _is_elementwise(node: torch.fx.Node) -> bool:
+    if node.target is aten._to_copy.default:        # a dtype conversion
+        return set(node.kwargs) <= {"dtype"}
+    return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags
+
+
+def _depends_on_selection(node: torch.fx.Node) -> bool:
+    """Whether a selection by a mask (`index` with a bool index) is among `node`'s inputs."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "call_function" and n.target is aten.index.Tensor and any(
+                isinstance(i, torch.fx.Node) and _val(i) is not None and _val(i).dtype == torch.bool
+                for i in n.args[1]):
+            return True
+        todo += [a for a in n.all_input_nodes]
+    return False
+
+
+def _rebuild(graph: torch.fx.Graph, node, replaced: dict):
+    """`node` computed over the whole tensors: each selection replaced by its base."""
+    if not isinstance(node, torch.fx.Node):
+        return node
+    if node in replaced:
+        return replaced[node]
+    if not _depends_on_selection(node):
+        return node
+    args = tuple(_rebuild(graph, a, replaced) for a in node.args)
+    kwargs = {k: _rebuild(graph, v, replaced) for k, v in node.kwargs.items()}
+    replaced[node] = _node(graph, node.target, args, kwargs, node)
+    return replaced[node]
+
+
+def _node(graph: torch.fx.Graph, target, args: tuple, kwargs: dict, like: torch.fx.Node) -> torch.fx.Node:
+    """A new node with `like`'s source location, its value worked out on fake tensors."""
+    node = graph.call_function(target, args, kwargs)
+    node.meta.update({k: v for k, v in like.meta.items() if k != "val"})
+    fake = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves(fake))
+    with mode:
+        node.meta["val"] = target(*fake[0], **fake[1])
+    return node
+
+
+def _erase_dead(graph: torch.fx.Graph, selections: list[torch.fx.Node], rebuilt: set) -> None:
+    """Erase the selections and the ops computed from them (`rebuilt`), with the facts about the
+    selection's size, when nothing else reads them (else the import refuses the selection)."""
+    closure, todo = [], list(selections)
+    while todo:
+        n = todo.pop()
+        if n in closure:
+            continue
+        closure.append(n)
+        todo += list(n.users)
+    if any(n not in rebuilt and n.target not in _SIZE_FACTS and not _is_size_arithmetic(n) for n in closure):
+        return
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in sorted(closure, key=order.get, reverse=True):
+        graph.erase_node(n)
+
+
+def _is_size_arithmetic(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__module__", None) in (operator.__name__, "_operator")
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None

@@ -1,0 +1,88 @@
+"""Updates of the elements a bool mask selects, computed from elements the same mask selects
+(`x[mask] += v`, `x[mask] *= 2`, `x[mask] = f(x[mask], y[mask])`), compile as one `where` over the
+whole tensors (cuvil/frontend/masked_updates.py), against eager. Before 2026-12-03 they were
+refused: the selection's size is read from the data."""
+import pytest
+import torch
+
+import cuvil
+from cuvil import CuvilError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUVIL_CACHE_DIR", str(tmp_path_factory.mktemp("cuvil-cache")))
+        yield
+
+
+def add_number(x, m):
+    y = x.clone()
+    y[m] += 1.5
+    return y
+
+
+def scale_positive(x):
+    y = x.clone()
+    y[y > 0] *= 2
+    return y
+
+
+def from_two_tensors(x, m, z):
+    y = x.clone()
+    y[m] = torch.tanh(y[m]) * z[m] - 1
+    return y
+
+
+def rows_by_a_mask(x, m, bias):
+    y = x.clone()
+    y[m] += bias            # bias broadcasts along each selected row, as along every row
+    return y
+
+
+def integer_counts(n, m):
+    c = n.clone()
+    c[m] += 1
+    return c
+
+
+@pytest.mark.parametrize("f, make", [
+    (add_number, lambda: (torch.randn(4, 5), torch.randn(4, 5) > 0)),
+    (scale_positive, lambda: (torch.randn(3, 7),)),
+    (from_two_tensors, lambda: (torch.randn(6, 3), torch.randn(6, 3) > 0.3, torch.randn(6, 3))),
+    (rows_by_a_mask, lambda: (torch.randn(5, 4), torch.tensor([True, False, True, True, False]), torch.randn(4))),
+    (integer_counts, lambda: (torch.arange(12).reshape(3, 4), torch.rand(3, 4) > 0.5)),
+])
+def test_a_masked_update_matches_eager(f, make):
+    compiled = cuvil.compile(f)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        args = make()
+        torch.testing.assert_close(compiled(*args), f(*args))
+    empty = tuple(torch.zeros_like(a) if a.dtype == torch.bool else a for a in make())
+    torch.testing.assert_close(compiled(*empty), f(*empty))       # a mask selecting nothing
+
+
+def test_a_selection_used_otherwise_stays_refused():
+    def f(x, m):
+        y = x.clone()
+        y[m] += x[m].sum()          # the selection summed: its size matters
+        return y
+    with pytest.raises(CuvilError, match="boolean-mask indexing"):
+        cuvil.compile(f)(torch.randn(4, 5), torch.randn(4, 5) > 0)
+
+    def g(x, m, k):
+        y = x.clone()
+        y[m] = x[k]                 # values selected by another mask
+        return y
+    with pytest.raises(CuvilError, match="boolean-mask indexing"):
+        m = torch.tensor([True, False, True])
+        cuvil.compile(g)(torch.randn(3), m, m.clone())
+
+
+def test_a_masked_update_serves_every_size_of_a_dynamic_dim():
+    compiled = cuvil.compile(add_number, dynamic={"x": {0: "n"}, "m": {0: "n"}})
+    for n in (3, 8, 1):
+        x = torch.randn(n, 5)
+        torch.testing.assert_close(compiled(x, x > 0), add_number(x, x > 0))
+    assert compiled.num_variants == 1
