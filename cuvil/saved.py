@@ -43,8 +43,8 @@ from .frontend import hf_caches
 from .runtime import Kernel, StepTiming, load_module, set_num_threads
 
 FORMAT = "cuvil-saved-model"
-FORMAT_VERSION = 3    # 2: a variant's code may be several objects; 3: constants and objects in one blob
-READS = (2, 3)
+FORMAT_VERSION = 4    # 2: a variant's code may be several objects; 3: constants and objects in one blob;
+READS = (2, 3, 4)     # 4: status slots (kernels' index checks), which a reader of 3 would not know
 BLOB_ALIGN = 64       # each constant starts on a cache line of the blob
 
 
