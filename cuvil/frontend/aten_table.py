@@ -1262,6 +1262,9 @@ def index_put(L: Lowering, x, indices, values, accumulate=False):
     if len(picked) != 1:
         L.unsupported("index_put through more than one index tensor (Cuvil writes the slices of one dim "
                       "named by one index tensor)")
+    if values.type.dtype is not x.type.dtype:
+        L.unsupported(f"values of {values.type.dtype} put into a tensor of {x.type.dtype}: eager raises "
+                      f"'Index put requires the source and destination dtypes match'")
     (d,), index = picked, indices[picked[0]]
     if index.type.dtype is DType.bool:
         return _masked_put(L, x, d, index, values, accumulate)
@@ -1374,7 +1377,7 @@ def assert_async(L: Lowering, cond, msg=""):
         if not cond:
             L.unsupported(f"an assertion that always fails ({msg!r})")
         return None
-    L.assertions.append((L.cast(cond, DType.bool), msg or "assertion failed", L.frame))
+    L.assertions.append((L.cast(cond, DType.bool), msg, L.frame))
     return None
 
 
@@ -1681,6 +1684,8 @@ ATEN_TABLE = {
     aten._assert_tensor_metadata.default: no_op,
     aten._assert_scalar.default: assert_scalar,
     aten._assert_async.msg: assert_async,
+    aten._assert_async.default: lambda L, cond: assert_async(L, cond, "Expected Tensor with single nonzero value, "
+                                                                   "but got zero"),
     aten.sym_constrain_range_for_size.default: no_op,
     # symbolic ints and tuples
     aten.sym_size.int: symbolic_int,

@@ -305,11 +305,14 @@ def _return(lowering: Lowering, env: dict, node: torch.fx.Node, outputs: list[in
     for i, r in enumerate(results):
         if not isinstance(r, Value):
             raise CuvilUnsupportedOpError("non-tensor output", None, f"output {i} is {r!r}; Cuvil returns tensors only")
-    # a check of tensor values (`torch._assert_async`) has no result: it rides on the first output,
-    # whose kernel checks it (so no pass drops it)
-    for cond, message, frame in lowering.assertions if results else ():
-        lowering.frame = frame
-        results[0] = lowering.op("cuvil.check_true", results[0], cond, message=message)
+    # a check of tensor values (`torch._assert_async`) has no result: it rides on an output, whose
+    # kernel checks it (so no pass drops it): the first that is not empty (an empty one's kernel
+    # computes nothing), else the first
+    if lowering.assertions and results:
+        k = next((i for i, r in enumerate(results) if 0 not in r.type.shape), 0)
+        for cond, message, frame in lowering.assertions:
+            lowering.frame = frame
+            results[k] = lowering.op("cuvil.check_true", results[k], cond, message=message)
     lowering.builder.create("cuvil.return", results)
 
 

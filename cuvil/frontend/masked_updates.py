@@ -16,6 +16,10 @@ import operator
 import torch
 import torch.fx
 
+from ..errors import CuvilUnsupportedOpError
+from ..ir import DType
+from .locations import node_frame
+
 aten = torch.ops.aten
 
 # nodes that only state facts about the selection's size: erased with it
@@ -44,11 +48,15 @@ def _rewrite(graph: torch.fx.Graph, put: torch.fx.Node) -> bool:
     selections: list[torch.fx.Node] = []
     if not _elementwise_of_selections(values, mask, full.shape, rest, selections) or not selections:
         return False
+    if _val(values).dtype != full.dtype:
+        frame = node_frame(put)
+        raise CuvilUnsupportedOpError("aten.index_put.default", str(frame) if frame else None,
+                                      f"values of {_name(_val(values).dtype)} put into a tensor of "
+                                      f"{_name(full.dtype)}: eager "
+                                      f"raises 'Index put requires the source and destination dtypes match'")
     replaced = {s: s.args[0] for s in selections}
     with graph.inserting_before(put):
         whole = _rebuild(graph, values, replaced)
-        if _val(whole).dtype != full.dtype:
-            whole = _node(graph, aten._to_copy.default, (whole,), {"dtype": full.dtype}, put)
         if accumulate:
             whole = _node(graph, aten.add.Tensor, (target, whole), {}, put)
         where_mask = mask
@@ -69,19 +77,29 @@ def _elementwise_of_selections(node, mask, shape, rest: int, selections: list) -
         return isinstance(node, (int, float, bool))
     if node.op == "call_function" and node.target is aten.index.Tensor:
         base, (index,) = node.args[0], node.args[1]
-        if index is mask and _val(base).shape == shape:
+        if _same_value(index, mask) and _val(base).shape == shape:
             selections.append(node)
             return True
         return False
     val = _val(node)
     if val is None or not isinstance(val, torch.Tensor):
         return False
-    if not _depends_on_selection(node):
-        return val.dim() <= rest          # broadcast along the trailing dims in both
+    if not _depends_on_selection(node):      # broadcast along the trailing dims in both
+        return val.dim() <= rest or all(d == 1 for d in val.shape[:val.dim() - rest])
     if node.op != "call_function" or not _is_elementwise(node):
         return False
     args = list(node.args) + [v for v in node.kwargs.values() if isinstance(v, torch.fx.Node)]
     return all(_elementwise_of_selections(a, mask, shape, rest, selections) for a in args)
+
+
+def _same_value(a, b) -> bool:
+    """Whether two nodes compute the same value: one node, or one op of the same operands (a mask
+    written out twice, `y[z > 0] = y[z > 0] * 2`)."""
+    if a is b:
+        return True
+    return (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and a.op == b.op == "call_function"
+            and a.target is b.target and a.kwargs == b.kwargs and len(a.args) == len(b.args)
+            and all(_same_value(x, y) if isinstance(x, torch.fx.Node) else x == y for x, y in zip(a.args, b.args)))
 
 
 def _is_elementwise(node: torch.fx.Node) -> bool:
@@ -150,6 +168,14 @@ def _erase_dead(graph: torch.fx.Graph, selections: list[torch.fx.Node], rebuilt:
 
 def _is_size_arithmetic(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and getattr(node.target, "__module__", None) in (operator.__name__, "_operator")
+
+
+def _name(dtype: torch.dtype) -> str:
+    """Cuvil's name of a dtype (`f32`), or torch's where Cuvil has none (`float64`)."""
+    try:
+        return str(DType.from_torch(dtype))
+    except (TypeError, KeyError, ValueError):
+        return str(dtype).removeprefix("torch.")
 
 
 def _val(node):

@@ -143,3 +143,20 @@ def test_a_table_of_dynamic_size_raises_past_its_end():
     big = torch.randn(9, 3)
     torch.testing.assert_close(compiled(big, torch.tensor([7])), f(big, torch.tensor([7])))
     _both_refuse(compiled, f, table, torch.tensor([5]))
+
+
+def test_an_assertion_without_a_message_and_one_beside_an_empty_output_are_checked():
+    def f(x):
+        torch._assert_async(x.sum() > 0)
+        return x.relu()
+
+    def g(x, i):
+        return x[:0], nn.functional.one_hot(i + 1, 3)     # the first output is empty: its kernel computes nothing
+    compiled_f, compiled_g = cuvil.compile(f), cuvil.compile(g)
+    positive = torch.rand(3) + 0.1
+    torch.testing.assert_close(compiled_f(positive), f(positive))
+    assert "single nonzero value" in _both_refuse(compiled_f, f, -torch.rand(3))
+    x = torch.randn(4, 2)
+    out = compiled_g(x, torch.tensor([0, 1]))
+    torch.testing.assert_close(out[1], g(x, torch.tensor([0, 1]))[1])
+    assert "smaller than num_classes" in _both_refuse(compiled_g, g, x, torch.tensor([2]))

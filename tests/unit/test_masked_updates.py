@@ -86,3 +86,32 @@ def test_a_masked_update_serves_every_size_of_a_dynamic_dim():
         x = torch.randn(n, 5)
         torch.testing.assert_close(compiled(x, x > 0), add_number(x, x > 0))
     assert compiled.num_variants == 1
+
+
+def test_leading_ones_and_a_mask_written_out_twice():
+    def f(x, b):
+        y = x.clone()
+        y[x[:, 0] > 0] += b         # b [1, 4]: broadcast over the selected rows as over all
+        y[y > 1] = y[y > 1] * 3     # the mask computed twice, from the same values
+        return y
+    compiled = cuvil.compile(f)
+    x, b = torch.randn(5, 4), torch.randn(1, 4)
+    torch.testing.assert_close(compiled(x, b), f(x, b))
+
+
+def test_float_values_into_an_integer_tensor_are_refused_as_eager_raises():
+    def f(y, m):
+        y = y.clone()
+        y[m] = y[m] * 1.5
+        return y
+
+    def g(y, i):
+        y = y.clone()
+        y[i] = y[i] * 1.5
+        return y
+    y = torch.arange(6).reshape(2, 3)
+    with pytest.raises(RuntimeError, match="dtypes match"):
+        f(y, y > 2)
+    for fn, index in ((f, y > 2), (g, torch.tensor([1]))):
+        with pytest.raises(CuvilError, match="values of f32 put into a tensor of i64: eager raises"):
+            cuvil.compile(fn)(y, index)
