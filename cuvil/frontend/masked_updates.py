@@ -38,15 +38,17 @@ def rewrite_masked_updates(graph: torch.fx.Graph) -> bool:
 def _rewrite(graph: torch.fx.Graph, put: torch.fx.Node) -> bool:
     target, indices, values = put.args[:3]
     accumulate = put.args[3] if len(put.args) > 3 else put.kwargs.get("accumulate", False)
-    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or not isinstance(values, torch.fx.Node):
+    lead = len(indices) - 1                      # dims before the mask's, taken whole (`y[:, mask]`)
+    if lead < 0 or any(i is not None for i in indices[:-1]) or not isinstance(indices[-1], torch.fx.Node) \
+            or not isinstance(values, torch.fx.Node):
         return False
-    mask = indices[0]
-    full = _val(target)
-    if _val(mask).dtype != torch.bool or _val(mask).shape != full.shape[:_val(mask).dim()]:
+    mask, full = indices[-1], _val(target)
+    k = _val(mask).dim()
+    if _val(mask).dtype != torch.bool or _val(mask).shape != full.shape[lead:lead + k] or (lead and k != 1):
         return False
-    rest = full.dim() - _val(mask).dim()         # the dims after the mask's, taken whole
+    rest = full.dim() - lead - k                 # the dims after the mask's, taken whole
     selections: list[torch.fx.Node] = []
-    if not _elementwise_of_selections(values, mask, full.shape, rest, selections) or not selections:
+    if not _elementwise_of_selections(values, indices, full.shape, rest, selections) or not selections:
         return False
     if _val(values).dtype != full.dtype:
         frame = node_frame(put)
@@ -59,7 +61,7 @@ def _rewrite(graph: torch.fx.Graph, put: torch.fx.Node) -> bool:
         whole = _rebuild(graph, values, replaced)
         if accumulate:
             whole = _node(graph, aten.add.Tensor, (target, whole), {}, put)
-        where_mask = mask
+        where_mask = mask                        # broadcast from the right: the mask's dims, then rest
         for _ in range(rest):
             where_mask = _node(graph, aten.unsqueeze.default, (where_mask, -1), {}, put)
         result = _node(graph, aten.where.self, (where_mask, whole, target), {}, put)
@@ -69,33 +71,40 @@ def _rewrite(graph: torch.fx.Graph, put: torch.fx.Node) -> bool:
     return True
 
 
-def _elementwise_of_selections(node, mask, shape, rest: int, selections: list) -> bool:
-    """Whether `node` is elementwise ops over `index(base, [mask])` nodes (base of `shape`) and
-    operands that broadcast against the selection as against the whole (numbers, tensors of at
-    most `rest` dims); the selections found go into `selections`."""
+def _elementwise_of_selections(node, indices: list, shape, rest: int, selections: list) -> bool:
+    """Whether `node` is elementwise ops over `index(base, indices)` nodes (base of `shape`) and
+    operands that broadcast against the selection as against the whole (numbers, and tensors
+    whose dims reach no further than the dims after the mask's, or are 1 from there); the
+    selections found go into `selections`."""
     if not isinstance(node, torch.fx.Node):
         return isinstance(node, (int, float, bool))
     if node.op == "call_function" and node.target is aten.index.Tensor:
-        base, (index,) = node.args[0], node.args[1]
-        if _same_value(index, mask) and _val(base).shape == shape:
+        base, picks = node.args[0], node.args[1]
+        if len(picks) == len(indices) and all(_same_value(a, b) for a, b in zip(picks, indices)) \
+                and _val(base).shape == shape:
             selections.append(node)
             return True
         return False
     val = _val(node)
     if val is None or not isinstance(val, torch.Tensor):
         return False
-    if not _depends_on_selection(node):      # broadcast along the trailing dims in both
-        return val.dim() <= rest or all(d == 1 for d in val.shape[:val.dim() - rest])
+    if not _depends_on_selection(node):
+        # aligned from the right: 1 along the selection's count (and, with the mask leading, before
+        # it too: those dims would meet the mask's dims in the whole)
+        before = val.shape[:max(0, val.dim() - rest)]
+        if not before:
+            return True
+        return before[-1] == 1 if len(indices) > 1 else all(d == 1 for d in before)
     if node.op != "call_function" or not _is_elementwise(node):
         return False
     args = list(node.args) + [v for v in node.kwargs.values() if isinstance(v, torch.fx.Node)]
-    return all(_elementwise_of_selections(a, mask, shape, rest, selections) for a in args)
+    return all(_elementwise_of_selections(a, indices, shape, rest, selections) for a in args)
 
 
 def _same_value(a, b) -> bool:
     """Whether two nodes compute the same value: one node, or one op of the same operands (a mask
     written out twice, `y[z > 0] = y[z > 0] * 2`)."""
-    if a is b:
+    if a is b or (a is None and b is None):
         return True
     return (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and a.op == b.op == "call_function"
             and a.target is b.target and a.kwargs == b.kwargs and len(a.args) == len(b.args)

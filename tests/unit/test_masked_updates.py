@@ -115,3 +115,22 @@ def test_float_values_into_an_integer_tensor_are_refused_as_eager_raises():
     for fn, index in ((f, y > 2), (g, torch.tensor([1]))):
         with pytest.raises(CuvilError, match="values of f32 put into a tensor of i64: eager raises"):
             cuvil.compile(fn)(y, index)
+
+
+def test_a_mask_after_dims_taken_whole():
+    def f(x, cols, bias):
+        y = x.clone()
+        y[:, cols] += 1
+        y[:, cols] *= bias          # bias [3, 1]: one value per row, 1 along the selected columns
+        return y
+    compiled = cuvil.compile(f)
+    x, cols, bias = torch.randn(3, 5), torch.tensor([True, False, True, True, False]), torch.randn(3, 1)
+    torch.testing.assert_close(compiled(x, cols, bias), f(x, cols, bias))
+
+    def g(x, cols):
+        y = x.clone()
+        y[:, :, cols] -= y[:, :, cols] * 0.5        # a mask after two whole dims, rows after it
+        return y
+    x3 = torch.randn(2, 3, 4, 6)
+    torch.testing.assert_close(cuvil.compile(g)(x3, torch.tensor([True, False, False, True])),
+                               g(x3, torch.tensor([True, False, False, True])))
