@@ -114,6 +114,8 @@ def _same_value(a, b) -> bool:
 def _is_elementwise(node: torch.fx.Node) -> bool:
     if node.target is aten._to_copy.default:        # a dtype conversion
         return set(node.kwargs) <= {"dtype"}
+    if node.target is aten.floor_divide.default:    # elementwise, though torch does not tag it so
+        return True
     return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags
 
 

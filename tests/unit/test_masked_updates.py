@@ -43,6 +43,7 @@ def rows_by_a_mask(x, m, bias):
 def integer_counts(n, m):
     c = n.clone()
     c[m] += 1
+    c[m] //= 2
     return c
 
 
