@@ -97,6 +97,11 @@ class GraphFunction:
             args[i] = inputs[k]
         for i, (j, axis) in self.sizes.items():
             args[i] = args[j].shape[axis]
+        if torch.compiler.is_compiling():
+            # traced by torch.export: each node it records takes the stack trace Dynamo recorded
+            # for the graph node it came from (the user's line), not the graph code's frame
+            with torch.fx.traceback.preserve_node_meta():
+                return torch.fx.Interpreter(self.gm).run(*args)
         return self.gm(*args)
 
     def tensor_inputs(self, args: Sequence[Any]) -> list:

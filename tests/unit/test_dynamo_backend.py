@@ -85,7 +85,8 @@ def test_graph_breaks_give_graphs_that_each_run_natively():
 
 def test_a_graph_cuvil_cannot_compile_runs_eagerly_and_logs_why(caplog):
     def f(x):
-        return torch.mode(x * 2, dim=1).values + 1
+        y = x * 2
+        return torch.mode(y, dim=1).values + 1
 
     backend = Recorder()
     cf = torch.compile(f, backend=backend)
@@ -95,6 +96,9 @@ def test_a_graph_cuvil_cannot_compile_runs_eagerly_and_logs_why(caplog):
     assert "running a Dynamo graph in eager PyTorch" in caplog.text and "aten.mode" in caplog.text
     [graph] = backend.graphs
     assert "aten.mode" in graph.compiled.fallback_reason
+    # the user's line, from the stack trace Dynamo recorded (not the graph code's own frame)
+    assert "test_dynamo_backend.py" in graph.compiled.fallback_reason
+    assert "return torch.mode(y, dim=1).values + 1" in graph.compiled.fallback_reason
 
 
 def test_options_reach_cuvil_and_bad_ones_are_errors():
