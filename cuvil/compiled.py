@@ -47,6 +47,7 @@ from .frontend.annotations import function_annotations
 from .fingerprint import Unfingerprintable
 from .frontend.export import auto_hints, input_names, inspectable
 from .frontend.hf_caches import PAST, flatten_like, static_new_tokens, write_back
+from .frontend.random_draws import Draw
 from . import imports
 from .module_state import ModelState
 from .model_cache import ModelKey, call_key, load_entry, model_key, store_entry
@@ -155,8 +156,10 @@ class Guard:
 
     def __init__(self, in_spec: pytree.TreeSpec, symbols: dict[str, tuple[int, int]], hints: dict[str, str | None],
                  names: list[str], tensor_positions: list[int], checks: list[_TensorCheck], constants: dict[int, Any],
-                 imported: ImportResult | None = None, limits: list[tuple[str, int | None, int | None, str]] = ()):
+                 imported: ImportResult | None = None, limits: list[tuple[str, int | None, int | None, str]] = (),
+                 draws: list[Draw] = ()):
         self.in_spec, self.imported = in_spec, imported
+        self.draws = list(draws)     # the random tensors the program takes after the call's (bound)
         self.symbols = list(symbols)
         self.ranges = [tuple(symbols[s]) for s in self.symbols]
         # (symbol, least value, largest value, why): a size outside eager refuses (`size_limits`)
@@ -179,7 +182,8 @@ class Guard:
         index = {s: i for i, s in enumerate(fn.symbols)}
         bounds = index_bounds(fn)
         checks = []
-        for a in fn.args:
+        users = fn.args[:len(fn.args) - len(imported.draws)]
+        for a in users:
             static, bind, derived, scaled = [], [], [], []
             for axis, d in enumerate(a.type.shape):
                 bound = binding(d)
@@ -197,9 +201,10 @@ class Guard:
         tensors = set(imported.tensor_positions)
         return Guard(imported.exported.call_spec.in_spec, dict(fn.symbols),
                      {s: (imported.symbols[s].hint if s in imported.symbols else None) for s in fn.symbols},
-                     [a.name or f"input {i}" for i, a in enumerate(fn.args)], list(imported.tensor_positions),
+                     [a.name or f"input {i}" for i, a in enumerate(users)], list(imported.tensor_positions),
                      checks, {i: v for i, v in enumerate(example_leaves) if i not in tensors}, imported,
-                     [(lim.symbol, lim.lo, lim.hi, lim.why) for lim in size_limits(fn)])
+                     [(lim.symbol, lim.lo, lim.hi, lim.why) for lim in size_limits(fn)],
+                     [d.bound(index) for d in imported.draws])
 
     def is_static(self, name: str, axis: int) -> bool:
         """Input `name`'s dim `axis` has one size in this variant."""
@@ -216,7 +221,8 @@ class Guard:
                 "tensor_positions": self.tensor_positions,
                 "checks": [[str(c.dtype).removeprefix("torch."), c.rank, c.static, c.bind, c.derived, c.values, c.scaled]
                            for c in self.checks],
-                "constants": [[i, v] for i, v in self.constants.items()], "limits": [list(x) for x in self.limits]}
+                "constants": [[i, v] for i, v in self.constants.items()], "limits": [list(x) for x in self.limits],
+                "draws": [d.state() for d in self.draws]}
 
     @staticmethod
     def from_state(state: dict) -> "Guard":
@@ -226,7 +232,8 @@ class Guard:
                   for dtype, rank, static, bind, derived, *more in state["checks"]]
         return Guard(pytree.treespec_loads(state["in_spec"]), {s: tuple(r) for s, r in state["symbols"].items()},
                      state["hints"], state["names"], state["tensor_positions"], checks,
-                     {i: v for i, v in state["constants"]}, limits=[tuple(x) for x in state.get("limits", [])])
+                     {i: v for i, v in state["constants"]}, limits=[tuple(x) for x in state.get("limits", [])],
+                     draws=[Draw.from_state(d) for d in state.get("draws", [])])
 
     def leaves(self, args: tuple, kwargs: dict) -> list | None:
         try:
@@ -422,8 +429,9 @@ class NativeCall:
     """One engine called with torch tensors: allocates the outputs at the call's sizes, runs the
     engine (which releases the GIL) and rebuilds the model's output structure."""
 
-    def __init__(self, engine, outputs: list[tuple[list, torch.dtype]], out_spec: pytree.TreeSpec, symbolic: bool):
-        self.engine, self.out_spec = engine, out_spec
+    def __init__(self, engine, outputs: list[tuple[list, torch.dtype]], out_spec: pytree.TreeSpec, symbolic: bool,
+                 draws: list[Draw] = ()):
+        self.engine, self.out_spec, self.draws = engine, out_spec, list(draws)
         self._outputs = [(shape, _allocator(dtype)) for shape, dtype in outputs]
         self._static = None if symbolic else [(tuple(evaluate(d, []) for d in shape), alloc)
                                               for shape, alloc in self._outputs]
@@ -432,9 +440,13 @@ class NativeCall:
     def __call__(self, tensors, symbols: list[int]):
         return self.run(tensors, symbols, False)[0]
 
+    def arguments(self, tensors, symbols: list[int]) -> list:
+        """The program's arguments: the call's tensors, then this call's random draws."""
+        return [*tensors, *(d.tensor(symbols) for d in self.draws)] if self.draws else tensors
+
     def run(self, tensors, symbols: list[int], profile: bool):
         """(the model's outputs, the engine's per-step records when `profile`)."""
-        inputs = [x.resolve_neg().contiguous() for x in tensors]     # values as they read (torch's lazy negation)
+        inputs = [x.resolve_neg().contiguous() for x in self.arguments(tensors, symbols)]   # (torch's lazy negation)
         if self._static is not None:
             outputs = [alloc(shape) for shape, alloc in self._static]
         else:
@@ -453,7 +465,7 @@ def fast_path(guard: Guard, call: NativeCall) -> Callable[[tuple], Any] | None:
     the input shapes, allocates the outputs and runs the engine, or returns MISS (and the caller
     takes the general path). It is `Guard.match` then `NativeCall.run` with the per-call
     generality taken out, and no Python in between."""
-    if guard.positional is None or any(c.scaled for c in guard.checks):   # (a multiple: the general path)
+    if guard.positional is None or guard.draws or any(c.scaled for c in guard.checks):   # (a multiple, a draw: the general path)
         return None
     inputs = [(c.dtype, c.rank, list(c.static), list(c.bind), list(c.derived), c.dtype.itemsize,
                None if c.values is None else tuple(c.values[:2])) for c in guard.checks]
@@ -494,7 +506,8 @@ class Variant:
         self.outputs = [([to_postfix(d, index) for d in t.shape], t.dtype.torch) for t in program.outputs]
         executable = self.native.executable
         self._call = None if executable is None else NativeCall(executable.engine, self.outputs,
-                                                                imported.output_structure, bool(program.symbols))
+                                                                imported.output_structure, bool(program.symbols),
+                                                                guard.draws)
         self.fast = None if self._call is None else fast_path(guard, self._call)
         self._detailed = False
 
@@ -507,7 +520,7 @@ class Variant:
 
     def profile(self, tensors, symbols: list[int]):
         """Run once, recording every kernel call: (outputs, [StepTiming])."""
-        outputs, timings = self.native.executable.profile(*tensors)
+        outputs, timings = self.native.executable.profile(*self._call.arguments(tensors, symbols))
         return self.imported.unflatten(list(outputs)), timings
 
     @property

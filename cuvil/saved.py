@@ -43,8 +43,9 @@ from .frontend import hf_caches
 from .runtime import Kernel, StepTiming, load_module, set_num_threads
 
 FORMAT = "cuvil-saved-model"
-FORMAT_VERSION = 4    # 2: a variant's code may be several objects; 3: constants and objects in one blob;
-READS = (2, 3, 4)     # 4: status slots (kernels' index checks), which a reader of 3 would not know
+FORMAT_VERSION = 5    # 2: a variant's code may be several objects; 3: constants and objects in one blob;
+READS = (2, 3, 4, 5)  # 4: status slots (kernels' index checks), which a reader of 3 would not know;
+                      # 5: random draws (a guard's "draws"), which a reader of 4 would not make
 BLOB_ALIGN = 64       # each constant starts on a cache line of the blob
 
 
@@ -277,7 +278,8 @@ def _load_variant(path: str, state: dict, data: dict) -> _SavedVariant:
         raise CuvilError(f"{path}: cannot rebuild the model's output structure ({e}); import the module that "
                          f"defines the output type before loading") from None
     outputs = [(shape, getattr(torch, dtype)) for shape, dtype in state["outputs"]]
-    return _SavedVariant(Guard.from_state(state["guard"]), NativeCall(engine, outputs, out_spec, state["symbolic"]),
+    guard = Guard.from_state(state["guard"])
+    return _SavedVariant(guard, NativeCall(engine, outputs, out_spec, state["symbolic"], guard.draws),
                          state["step_names"], tracker, (state, data))
 
 

@@ -10,7 +10,7 @@ Symbols: torch's shape symbols are renamed `s0, s1, ...` in the order the inputs
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,7 +34,8 @@ class ImportResult:
     output_structure: pytree.TreeSpec
     symbols: dict[str, SymbolInfo]            # "s0" -> SymbolInfo(symbol, hint, range)
     exported: torch.export.ExportedProgram
-    tensor_positions: list[int]               # flattened call inputs that are the IR's arguments
+    tensor_positions: list[int]               # flattened call inputs that are the IR's first arguments
+    draws: list = field(default_factory=list)  # random_draws.Draw: the random tensors, its last arguments
     time_s: float = 0.0                       # capture + import wall time
 
     @property
@@ -84,4 +85,4 @@ def import_model(model_or_fn, example_inputs=None, dynamic=None, name: str = "fo
     ep = captured.program
     graph = import_graph(ep, ATEN_TABLE, name, captured.hints, DEFAULT_RANGE[1])
     return ImportResult(graph.module, graph.input_names, ep.call_spec.out_spec, dict(graph.symbols.info), ep,
-                        graph.tensor_positions, time.perf_counter() - t0)
+                        graph.tensor_positions, graph.draws, time.perf_counter() - t0)

@@ -24,11 +24,12 @@ import torch
 from ..ir import DType
 from ..ir.core import Value
 from ..ir.types import dims_equal, norm_dim
-from ..ir.ops.common import window_out
+from ..ir.ops.common import broadcast_shapes, window_out
 from ..ir.ops.layout import PAD_MODES
 from .decompositions import cuvil_decompositions
 from .importer import Lowering, Unavailable, op_name
 from .resampling import RESAMPLING, repeat_each
+from .random_draws import NOT_DECOMPOSED
 from .value_bounds import integer_bounds, proven
 
 aten = torch.ops.aten
@@ -1259,19 +1260,20 @@ def index_put(L: Lowering, x, indices, values, accumulate=False):
     values cast to x's dtype and broadcast to one row per index. Along another dim (`x[:, idx] =
     v`) the indexed dim is permuted to the front and back (copies)."""
     picked = [d for d, i in enumerate(indices) if i is not None]
-    if len(picked) != 1:
-        L.unsupported("index_put through more than one index tensor (Cuvil writes the slices of one dim "
-                      "named by one index tensor)")
     if values.type.dtype is not x.type.dtype:
         L.unsupported(f"values of {values.type.dtype} put into a tensor of {x.type.dtype}: eager raises "
                       f"'Index put requires the source and destination dtypes match'")
+    if accumulate and x.type.dtype is DType.bool:
+        L.unsupported("accumulating into a bool tensor")
+    if len(picked) > 1:
+        if any(indices[d].type.dtype is DType.bool for d in picked):
+            L.unsupported("index_put through a boolean mask and other indices")
+        return _index_put_several(L, x, picked, [indices[d] for d in picked], values, accumulate)
     (d,), index = picked, indices[picked[0]]
     if index.type.dtype is DType.bool:
         return _masked_put(L, x, d, index, values, accumulate)
     if index.type.rank != 1:
         L.unsupported(f"an index of rank {index.type.rank} (Cuvil's index_put takes a 1-d index)")
-    if accumulate and x.type.dtype is DType.bool:
-        L.unsupported("accumulating into a bool tensor")
     shape = list(x.type.shape)
     shape[d] = index.type.shape[0]          # the indexed slices, in x's order of dims
     values = L.cast(values, x.type.dtype)
@@ -1286,6 +1288,50 @@ def index_put(L: Lowering, x, indices, values, accumulate=False):
     y = L.op("cuvil.index_put", L.op("cuvil.permute", x, perm=front), index, L.op("cuvil.permute", values, perm=front),
              accumulate=bool(accumulate))
     return L.op("cuvil.permute", y, perm=back)
+
+
+def _index_put_several(L: Lowering, x, picked: list[int], indices: list, values, accumulate):
+    """`x[i, j] = values` (`+=` with accumulate) through several index tensors: the indexed dims,
+    permuted to the front, read as one dim, and the index tensors (broadcast together) combined
+    into one index along it. Each is checked against its own dim first, where it still counts
+    from the end if negative: past its dim it would name another element of the row."""
+    shape = list(x.type.shape)
+    rest = [d for d in range(x.type.rank) if d not in picked]
+    common = broadcast_shapes(*(i.type for i in indices))
+    count = functools.reduce(operator.mul, common, 1)
+    linear = None
+    for d, i in zip(picked, indices):
+        i = L.cast(i, DType.i64)
+        if list(i.type.shape) != list(common):
+            i = L.op("cuvil.expand", i, shape=list(common))
+        i = L.op("cuvil.reshape", i, shape=[count])
+        size = L.literal(shape[d], DType.i64)
+        i = L.op("cuvil.where", L.op("cuvil.lt", i, L.literal(0, DType.i64)), L.op("cuvil.add", i, size), i)
+        i = L.op("cuvil.check_index", i, size=[shape[d]], dim=d, of="index_put")
+        linear = i if linear is None else L.op("cuvil.add", L.op("cuvil.mul", linear, size), i)
+    # values broadcast to x[indices]'s shape: the index dims in place of adjacent indexed dims, else first
+    adjacent = picked == list(range(picked[0], picked[-1] + 1))
+    lead = picked[0] if adjacent else 0
+    target = shape[:lead] + list(common) + [shape[d] for d in rest[lead:]]
+    values = L.cast(values, x.type.dtype)
+    if values.type.rank > len(target):       # leading dims of size 1 (torch broadcasts them away)
+        values = L.op("cuvil.reshape", values, shape=list(values.type.shape[values.type.rank - len(target):]))
+    if list(values.type.shape) != target:
+        values = L.op("cuvil.expand", values, shape=target)
+    if lead:
+        n = len(common)
+        values = L.op("cuvil.permute", values, perm=list(range(lead, lead + n)) + list(range(lead))
+                      + list(range(lead + n, len(target))))
+    rows = [shape[d] for d in rest]
+    values = L.op("cuvil.reshape", values, shape=[count] + rows)
+    front = L.op("cuvil.permute", x, perm=picked + rest) if picked + rest != list(range(x.type.rank)) else x
+    flat = L.op("cuvil.reshape", front, shape=[functools.reduce(operator.mul, (shape[d] for d in picked), 1)] + rows)
+    y = L.op("cuvil.index_put", flat, linear, values, accumulate=bool(accumulate))
+    y = L.op("cuvil.reshape", y, shape=[shape[d] for d in picked] + rows)
+    if picked + rest == list(range(x.type.rank)):
+        return y
+    order = picked + rest
+    return L.op("cuvil.permute", y, perm=[order.index(a) for a in range(x.type.rank)])
 
 
 def _masked_put(L: Lowering, x, d, mask, values, accumulate):
@@ -1722,7 +1768,7 @@ def decomposition_table() -> dict:
 @functools.cache
 def _decompositions() -> dict:
     table = torch.export.default_decompositions()     # building it takes ~0.2 s: once per process
-    for op in ATEN_TABLE:
+    for op in (*ATEN_TABLE, *NOT_DECOMPOSED):
         if isinstance(op, torch._ops.OpOverload):
             table.pop(op, None)
     return dict(table.items())

@@ -22,6 +22,7 @@ from ..ir.types import Dim, dims_equal
 from ..runtime.exprs import binding
 from .complex_pairs import as_pairs
 from .locations import SourceFrame, node_frame
+from .random_draws import DRAWN, Draw, imported_draw, is_random, refuse_random
 from .symbols import SymbolTable
 
 
@@ -171,6 +172,7 @@ class ImportedGraph:
     input_names: list[str]
     symbols: SymbolTable
     tensor_positions: list[int]   # which of the flattened user inputs are the function's arguments
+    draws: list[Draw]             # the random tensors each call draws: the function's last arguments
 
 
 def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
@@ -184,20 +186,36 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
     for node in user:   # graph inputs are named after the parameters, as the hints are
         _add_symbols(symbols, ep, node, hints.get(node.name, {}), default_max)
 
+    drawn = [n for n in ep.graph.nodes if n.op == "call_function" and n.target in DRAWN]
+    draws = [_draw(n, symbols) for n in drawn]
+
     module = Module()
-    fn = module.add_function(Function(name, [_arg_type(n, symbols) for n in user], [n.name for n in user],
-                                      symbols.ranges))
+    fn = module.add_function(Function(name, [_arg_type(n, symbols) for n in user + drawn],
+                                      [n.name for n in user + drawn], symbols.ranges))
     lowering = Lowering(fn, module, symbols)
-    env: dict[torch.fx.Node, Any] = {**dict(zip(user, fn.args)), **_other_inputs(ep, placeholders)}
+    env: dict[torch.fx.Node, Any] = {**dict(zip(user + drawn, fn.args)), **_other_inputs(ep, placeholders)}
     for node in ep.graph.nodes:
         if node.op == "call_function":
-            env[node] = _lower(lowering, table, node, env)
+            if node not in env:     # (a draw is an argument)
+                env[node] = _lower(lowering, table, node, env)
         elif node.op == "output":
             _return(lowering, env, node, outputs)
         elif node.op != "placeholder":
             _refuse_node(node)
     fn.symbols.update(symbols.ranges)       # as ops' constant bounds narrowed them
-    return ImportedGraph(module, [n.name for n in user], symbols, tensor_positions)
+    return ImportedGraph(module, [n.name for n in user], symbols, tensor_positions, draws)
+
+
+def _draw(node: torch.fx.Node, symbols: SymbolTable) -> Draw:
+    """A random op drawn at each call (random_draws.py), its result sized in Cuvil dims."""
+    frame = node_frame(node)
+    where = str(frame) if frame else None
+    try:
+        symbols.shape(node.meta["val"])
+        return imported_draw(node, symbols.dim, where)
+    except (TypeError, KeyError) as e:
+        raise CuvilUnsupportedOpError(str(node.target), where, f"a random tensor whose size Cuvil cannot "
+                                                               f"follow ({e})") from None
 
 
 # ops that require two of their operands' sizes equal, which torch checks only when they run:
@@ -352,6 +370,8 @@ def _operand(lowering: Lowering, env: dict, a, where: str):
 def _lower(lowering: Lowering, table: dict, node: torch.fx.Node, env: dict):
     lowering.node, lowering.frame = node, node_frame(node)
     row = table.get(node.target)
+    if row is None and is_random(node.target):
+        refuse_random(node, str(lowering.frame) if lowering.frame else None)
     if row is None:
         lowering.unsupported("")
     args = bind(node.target, _operand(lowering, env, node.args, "an argument"),

@@ -1,0 +1,137 @@
+"""Random tensors a model makes (`torch.randn_like(x)`, `torch.rand(n, 3)`, `t.normal_(0, 2)`),
+drawn from torch's generator at each call, before the engine runs.
+
+An op whose random values depend only on sizes, dtypes and constants is not compiled: it becomes
+an extra argument of the graph function (after the user's), and each call runs the op itself, the
+same ATen overload with the same arguments at the call's sizes (a tensor argument, whose values
+these ops ignore, as `torch.empty` of its size). Eager runs those ops in program order between
+its others, which draw nothing, so drawing them all first, in that order, takes the same numbers
+from the generator: after `torch.manual_seed` the results equal eager's. Ops whose draws depend on
+values the model computes (`torch.bernoulli(p)`, `torch.multinomial`) are refused:
+torch's decompositions of them draw other numbers than eager's kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import CuvilError, CuvilUnsupportedOpError
+from ..runtime.exprs import evaluate, to_postfix
+
+aten = torch.ops.aten
+
+# the overloads drawn before the run: every argument a size, a dtype, a constant or a tensor
+# whose values the op does not read (the functional forms torch's functionalisation gives
+# `normal_`, `uniform_`, `bernoulli_(p)`, ...)
+DRAWN = frozenset({
+    aten.rand.default, aten.randn.default, aten.randint.default, aten.randint.low, aten.randperm.default,
+    aten.rand_like.default, aten.randn_like.default, aten.randint_like.default, aten.randint_like.low_dtype,
+    aten.normal.float_float, aten.normal_functional.default, aten.uniform.default, aten.bernoulli.p,
+    aten.exponential.default, aten.log_normal.default, aten.cauchy.default, aten.geometric.default,
+    aten.random.default, getattr(aten.random, "from"), aten.random.to,
+})
+
+# random ops whose torch decompositions draw other numbers than eager: kept whole, so that they
+# are refused by name instead of compiled to other values than eager's
+NOT_DECOMPOSED = (aten.bernoulli.default, aten.rrelu.default)
+
+
+def is_random(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One random op run at each call. `args`/`kwargs` hold JSON-able values, with sizes as
+    `{"size": e}` and tensor arguments as `{"empty": [e, ...], "dtype": name}`, where `e` is a
+    Cuvil dim at import (`imported`) and a postfix expression over the program's symbols once
+    `bound`."""
+    op: str                  # "aten.randn_like.default"
+    args: tuple
+    kwargs: dict
+
+    def bound(self, symbol_index: dict[str, int]) -> "Draw":
+        def bind(v):
+            if isinstance(v, dict) and "size" in v:
+                return {"size": to_postfix(v["size"], symbol_index)}
+            if isinstance(v, dict) and "empty" in v:
+                return {**v, "empty": [to_postfix(d, symbol_index) for d in v["empty"]]}
+            return [bind(x) for x in v] if isinstance(v, list) else v
+        return Draw(self.op, tuple(bind(a) for a in self.args), {k: bind(v) for k, v in self.kwargs.items()})
+
+    def tensor(self, symbols: list[int]) -> torch.Tensor:
+        """Run the op at the call's symbol values (a bound draw)."""
+        def value(v):
+            if isinstance(v, list):
+                return [value(x) for x in v]
+            if not isinstance(v, dict):
+                return v
+            if "size" in v:
+                return evaluate(v["size"], symbols)
+            if "empty" in v:
+                return torch.empty([evaluate(d, symbols) for d in v["empty"]], dtype=getattr(torch, v["dtype"]))
+            kind, name = next(iter(v.items()))
+            return getattr(torch, name) if kind in ("dtype", "layout", "memory_format") else torch.device(name)
+        return _overload(self.op)(*(value(a) for a in self.args), **{k: value(v) for k, v in self.kwargs.items()})
+
+    def state(self) -> list:
+        return [self.op, list(self.args), self.kwargs]
+
+    @staticmethod
+    def from_state(state: list) -> "Draw":
+        op, args, kwargs = state
+        if _overload(op) not in DRAWN:
+            raise CuvilError(f"a saved model draws with {op}, which Cuvil does not draw")
+        return Draw(op, tuple(args), kwargs)
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def imported_draw(node: torch.fx.Node, dim, where: str | None) -> Draw:
+    """The draw of a DRAWN node, its sizes as Cuvil dims (`dim` converts torch's ints and SymInts)."""
+    def refuse(detail: str):
+        raise CuvilUnsupportedOpError(str(node.target), where, detail)
+
+    def encode(a):
+        if isinstance(a, torch.fx.Node):
+            val = a.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                return {"size": dim(val)}
+            if isinstance(val, torch.Tensor):
+                if not val.is_contiguous():
+                    refuse("a random fill of a tensor that is not contiguous: eager fills it in another order")
+                return {"empty": [dim(d) for d in val.shape], "dtype": str(val.dtype).removeprefix("torch.")}
+            refuse(f"argument '{a.name}' is a {type(val).__name__}")
+        if isinstance(a, (list, tuple)):
+            return [encode(x) for x in a]
+        if isinstance(a, torch.dtype):
+            return {"dtype": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.layout):
+            return {"layout": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.memory_format):
+            return {"memory_format": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.device):
+            if a.type != "cpu":
+                refuse(f"a random tensor made on {a}; Cuvil runs on the CPU")
+            return {"device": "cpu"}
+        if isinstance(a, torch.Generator):
+            refuse("a random op given its own generator: Cuvil draws from torch's default one")
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        refuse(f"an argument of type {type(a).__name__}")
+
+    return Draw(str(node.target), tuple(encode(a) for a in node.args),
+                {k: encode(v) for k, v in node.kwargs.items() if not (k == "generator" and v is None)})
+
+
+def refuse_random(node: torch.fx.Node, where: str | None) -> Any:
+    raise CuvilUnsupportedOpError(
+        str(node.target), where,
+        "its random numbers depend on values the model computes; Cuvil draws a model's random tensors from "
+        "torch's generator before each run, those whose values depend only on sizes (torch.rand, randn, randint, "
+        "randperm, their _like forms, and normal_, uniform_, bernoulli_(p), exponential_ of a new tensor)")
