@@ -617,9 +617,12 @@ class GroupLowering:
             args = [self.value(o, broadcast_index(idx, out_shape, o.type.shape)) for o in op.operands]
         if op.name == "cuvil.check_index":
             (size,), x = op.attrs["size"], args[0]
-            self.check(call("and", call("ge", x, const(0, x.dtype)), call("lt", x, cast(Index(size), x.dtype))),
-                       index_outside(op, op.attrs["dim"], size, 0))
-            return x
+            n = cast(Index(size), x.dtype)
+            lo = call("neg", n) if op.attrs["negative"] else const(0, x.dtype)
+            self.check(call("and", call("ge", x, lo), call("lt", x, n)),
+                       index_outside(op, op.attrs["dim"], size, -size if op.attrs["negative"] else 0))
+            return call("select", call("lt", x, const(0, x.dtype)), call("add", x, n), x) \
+                if op.attrs["negative"] else x
         if op.name == "cuvil.check_true":
             where = f" at {op.loc.file}:{op.loc.line}" if op.loc else ""
             self.check(args[1], f"a check of tensor values failed{where}: {op.attrs['message']} "

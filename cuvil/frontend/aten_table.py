@@ -1283,6 +1283,9 @@ def index_put(L: Lowering, x, indices, values, accumulate=False):
         values = L.op("cuvil.expand", values, shape=shape)
     if d == 0:
         return L.op("cuvil.index_put", x, index, values, accumulate=bool(accumulate))
+    # checked here, where the dim is still the user's (index_put's own check would name dim 0)
+    index = L.op("cuvil.check_index", index, size=[x.type.shape[d]], dim=d, of="index_put",
+                 negative=True)
     front = [d] + [a for a in range(x.type.rank) if a != d]
     back = [front.index(a) for a in range(x.type.rank)]
     y = L.op("cuvil.index_put", L.op("cuvil.permute", x, perm=front), index, L.op("cuvil.permute", values, perm=front),
@@ -1305,10 +1308,8 @@ def _index_put_several(L: Lowering, x, picked: list[int], indices: list, values,
         if list(i.type.shape) != list(common):
             i = L.op("cuvil.expand", i, shape=list(common))
         i = L.op("cuvil.reshape", i, shape=[count])
-        size = L.literal(shape[d], DType.i64)
-        i = L.op("cuvil.where", L.op("cuvil.lt", i, L.literal(0, DType.i64)), L.op("cuvil.add", i, size), i)
-        i = L.op("cuvil.check_index", i, size=[shape[d]], dim=d, of="index_put")
-        linear = i if linear is None else L.op("cuvil.add", L.op("cuvil.mul", linear, size), i)
+        i = L.op("cuvil.check_index", i, size=[shape[d]], dim=d, of="index_put", negative=True)
+        linear = i if linear is None else L.op("cuvil.add", L.op("cuvil.mul", linear, L.literal(shape[d], DType.i64)), i)
     # values broadcast to x[indices]'s shape: the index dims in place of adjacent indexed dims, else first
     adjacent = picked == list(range(picked[0], picked[-1] + 1))
     lead = picked[0] if adjacent else 0

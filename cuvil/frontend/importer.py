@@ -299,6 +299,11 @@ def _other_inputs(ep, placeholders: dict) -> dict:
             out[node] = _Const(spec.target, as_pairs(source[spec.target].detach()))
         elif isinstance(spec.arg, ConstantArgument):
             out[node] = spec.arg.value
+        elif isinstance(ep.constants.get(spec.target), torch.Generator):
+            frame = next((f for f in map(node_frame, node.users) if f is not None), None)
+            raise CuvilUnsupportedOpError("torch.Generator", str(frame) if frame else None,
+                                          "a random op given a generator the model makes: Cuvil draws a model's random "
+                                          "tensors from torch's default generator")
         elif not isinstance(spec.arg, TensorArgument):
             raise CuvilUnsupportedOpError(f"{type(spec.arg).__name__} input", None,
                                           f"input '{node.name}' ({spec.kind.name.lower()}); Cuvil takes tensors")

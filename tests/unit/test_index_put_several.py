@@ -91,3 +91,15 @@ def test_an_index_past_its_own_dim_fails_the_call(i, j):
     compiled(x, torch.tensor([0, 1]), torch.tensor([2, 3]), v)
     with pytest.raises(CuvilIndexError, match="index_put at .*test_index_put_several.py"):
         compiled(x, i, j, v)
+
+
+def test_a_computed_index_along_another_dim_is_named_with_its_dim_and_range():
+    """index_fill along dim 1 (torch decomposes it to an index_put there): a computed index past
+    the dim names dim 1 and the range torch accepts, negative indices included."""
+    def fill(x, i):
+        return x.index_fill(1, i * 2, -1.0)
+    compiled = cuvil.compile(fill, cache=False)
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(compiled(x, torch.tensor([0, -2])), fill(x, torch.tensor([0, -2])), rtol=0, atol=0)
+    with pytest.raises(CuvilIndexError, match=r"size 5 in dim 1\): indices must lie in \[-5, 4\]"):
+        compiled(x, torch.tensor([0, 3]))

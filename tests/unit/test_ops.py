@@ -943,6 +943,13 @@ def test_check_index():
             run("cuvil.check_index", [torch.tensor([0, bad])], {"size": [5], "dim": 1, "of": "scatter"})
     with pytest.raises(CuvilVerifyError, match="index must be i64 or i32"):
         build("cuvil.check_index", [T(F32, 3)], {"size": [5], "dim": 0, "of": "scatter"})
+    # negative: [-size, size) passes, counted from the end
+    _, (out,) = run("cuvil.check_index", [torch.tensor([-5, -1, 0, 4])],
+                    {"size": [5], "dim": 2, "of": "index_put", "negative": True})
+    assert out.tolist() == [0, 4, 0, 4]
+    for bad in (5, -6):
+        with pytest.raises(CuvilError, match="IndexError: index_put: an index outside \\[-5, 4\\] in dim 2"):
+            run("cuvil.check_index", [torch.tensor([0, bad])], {"size": [5], "dim": 2, "of": "index_put", "negative": True})
 
 
 def test_check_true():

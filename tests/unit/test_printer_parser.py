@@ -148,8 +148,9 @@ cuvil.func @nn(%x: tensor<s0x3x17x17xf32>, %tokens: tensor<s0x5xi64>, %q: tensor
   %vals = cuvil.reshape %7 {shape = [-1, 12]} : tensor<s0x5x12xf32> -> tensor<(5*s0)x12xf32>
   %13 = cuvil.index_put %emb, %rows, %vals {accumulate = true} : (tensor<100x12xf32>, tensor<(5*s0)xi64>, tensor<(5*s0)x12xf32>) -> tensor<100x12xf32>
   %14 = cuvil.check_index %rows {size = [100], dim = 0, of = "scatter"} : tensor<(5*s0)xi64> -> tensor<(5*s0)xi64>
+  %15 = cuvil.check_index %rows {size = [100], dim = 1, of = "index_put", negative = true} : tensor<(5*s0)xi64> -> tensor<(5*s0)xi64>
   %ok = cuvil.const @ok : tensor<i1>
-  %15 = cuvil.check_true %rows, %ok {message = "one_hot: Class values must be non-negative."} : (tensor<(5*s0)xi64>, tensor<i1>) -> tensor<(5*s0)xi64>
+  %16 = cuvil.check_true %rows, %ok {message = "one_hot: Class values must be non-negative."} : (tensor<(5*s0)xi64>, tensor<i1>) -> tensor<(5*s0)xi64>
   cuvil.return %5, %10, %11 : tensor<s0x6x3x3xf32>, tensor<s0x5x12xf32>, tensor<s0x2x5x8xf32>
 }
 """

@@ -143,3 +143,11 @@ def test_draws_that_depend_on_computed_values_are_refused_at_the_users_line(fn, 
     text = str(info.value)
     assert op in text and "depend on values the model computes" in text
     assert "test_random_draws.py" in text
+
+
+def test_a_generator_the_model_makes_is_refused_at_its_line():
+    def seeded(x):
+        g = torch.Generator().manual_seed(1)
+        return torch.randn(5, generator=g) + x
+    with pytest.raises(CuvilUnsupportedOpError, match=r"torch.Generator.*\n.*return torch.randn\(5, generator=g\) \+ x"):
+        cuvil.compile(seeded, cache=False)(torch.randn(4, 5))

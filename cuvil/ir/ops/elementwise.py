@@ -155,10 +155,13 @@ class ClampOp(OpDef):
 class CheckIndexOp(OpDef):
     """`index` itself, each value checked to lie in [0, size): the index of a scatter (`of`, along
     `dim`), whose decomposition into comparisons would write nothing for one outside, where torch
-    raises. The kernel computing it fails the call with `CuvilIndexError` there."""
+    raises. With `negative`, values in [-size, size) pass, those below 0 counted from the end
+    (index + size: an index_put's). The kernel computing it fails the call with `CuvilIndexError`
+    for one outside."""
     name = "cuvil.check_index"
     operands = ("index",)
-    attrs = {"size": required("dims"), "dim": required("int"), "of": required("str")}
+    attrs = {"size": required("dims"), "dim": required("int"), "of": required("str"),
+             "negative": optional("bool", False)}
     tags = frozenset({"elementwise"})
 
     @staticmethod
@@ -172,10 +175,11 @@ class CheckIndexOp(OpDef):
 
     @staticmethod
     def evaluate(attrs, index):
-        (size,) = attrs["size"]
-        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < int(size)):
-            raise IndexError(f"{attrs['of']}: an index outside [0, {int(size) - 1}] in dim {attrs['dim']}")
-        return index
+        size = int(attrs["size"][0])
+        lo = -size if attrs["negative"] else 0
+        if index.numel() and not (lo <= int(index.min()) and int(index.max()) < size):
+            raise IndexError(f"{attrs['of']}: an index outside [{lo}, {size - 1}] in dim {attrs['dim']}")
+        return torch.where(index < 0, index + size, index) if attrs["negative"] else index
 
 
 @register_op
