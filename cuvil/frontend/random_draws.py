@@ -7,11 +7,13 @@ same ATen overload with the same arguments at the call's sizes (a tensor argumen
 these ops ignore, as `torch.empty` of its size). Eager runs those ops in program order between
 its others, which draw nothing, so drawing them all first, in that order, takes the same numbers
 from the generator: after `torch.manual_seed` the results equal eager's. Ops whose draws depend on
-values the model computes (`torch.bernoulli(p)`, `torch.multinomial`) are refused:
-torch's decompositions of them draw other numbers than eager's kernels.
+values the model computes (`torch.bernoulli(p)`, dropout in training mode) are refused: torch's
+decompositions of them draw other numbers than eager's kernels. `torch.multinomial` without
+replacement is rewritten as eager's CPU kernel computes it (`rewrite_multinomial`).
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,45 @@ DRAWN = frozenset({
 # random ops whose torch decompositions draw other numbers than eager: kept whole, so that they
 # are refused by name instead of compiled to other values than eager's
 NOT_DECOMPOSED = (aten.bernoulli.default, aten.rrelu.default)
+
+
+def rewrite_multinomial(graph: torch.fx.Graph) -> bool:
+    """`torch.multinomial(p, n)` without replacement (or of one sample) as eager's CPU kernel
+    computes it: q = an Exp(1) draw of p's size (a drawn op), then the index of the largest p / q
+    (argmax for one sample, topk's indices for n), after eager's checks of p. True if any was
+    rewritten; one with replacement and several samples stays, and is refused."""
+    changed = False
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is aten.multinomial.default]:
+        p, n = node.args[:2]
+        replacement = node.args[2] if len(node.args) > 2 else node.kwargs.get("replacement", False)
+        if (replacement and n != 1) or node.kwargs.get("generator") is not None or not isinstance(p, torch.fx.Node):
+            continue
+        with graph.inserting_before(node):
+            call = _caller(graph, node)
+            valid = call(aten.all.default, call(aten.logical_and.default, call(aten.isfinite.default, p),
+                                                call(aten.ge.Scalar, p, 0)))
+            call(aten._assert_async.msg, valid, "probability tensor contains either `inf`, `nan` or element < 0")
+            positive = call(aten.all.default, call(aten.gt.Scalar, call(aten.sum.dim_IntList, p, [-1]), 0))
+            call(aten._assert_async.msg, positive, "invalid multinomial distribution (sum of probabilities <= 0)")
+            q = call(aten.exponential.default, call(aten.zeros_like.default, p), 1.0)   # (its values unread)
+            ratio = call(aten.div.Tensor, p, q)
+            picked = call(aten.argmax.default, ratio, -1, True) if n == 1 else \
+                call(operator.getitem, call(aten.topk.default, ratio, n), 1)
+        node.replace_all_uses_with(picked)
+        graph.erase_node(node)
+        changed = True
+    return changed
+
+
+def _caller(graph: torch.fx.Graph, like: torch.fx.Node):
+    """A function that adds a call before `like`, with its source location and torch's value."""
+    def call(target, *args):
+        vals = torch.fx.node.map_arg(args, lambda a: a.meta["val"])
+        new = graph.call_function(target, args)
+        new.meta.update({k: like.meta[k] for k in ("stack_trace", "nn_module_stack") if k in like.meta})
+        new.meta["val"] = target(*vals)
+        return new
+    return call
 
 
 def is_random(target) -> bool:

@@ -1,7 +1,9 @@
 """Random tensors a model makes (cuvil/frontend/random_draws.py): drawn from torch's generator at
 each call, in eager's order, so that after `torch.manual_seed` the outputs are eager's exactly, at
 every size of a dynamic dim, from a saved model and from the compiled-model cache; random ops whose
-draws depend on computed values are refused by name at the user's line."""
+draws depend on computed values are refused by name at the user's line, but for
+`torch.multinomial` without replacement, computed as eager's CPU kernel computes it."""
+import re
 import subprocess
 import sys
 import textwrap
@@ -134,7 +136,7 @@ def test_under_dynamo():
 
 @pytest.mark.parametrize("fn, op", [
     (lambda x: torch.bernoulli(torch.sigmoid(x)), "aten.bernoulli.default"),
-    (lambda x: torch.multinomial(torch.softmax(x, -1), 2), "aten.multinomial.default"),
+    (lambda x: torch.multinomial(torch.softmax(x, -1), 2, replacement=True), "aten.multinomial.default"),
     (lambda x: F.dropout(x, 0.5, training=True), "aten.native_dropout.default"),
 ])
 def test_draws_that_depend_on_computed_values_are_refused_at_the_users_line(fn, op):
@@ -151,3 +153,43 @@ def test_a_generator_the_model_makes_is_refused_at_its_line():
         return torch.randn(5, generator=g) + x
     with pytest.raises(CuvilUnsupportedOpError, match=r"torch.Generator.*\n.*return torch.randn\(5, generator=g\) \+ x"):
         cuvil.compile(seeded, cache=False)(torch.randn(4, 5))
+
+
+def sample_top_p(logits, temperature: float = 0.7, top_p: float = 0.9):
+    """A language model's sampling step: temperature, the top-p nucleus, one token a row."""
+    probs = torch.softmax(logits / temperature, -1)
+    sorted_probs, order = torch.sort(probs, -1, descending=True)
+    outside = torch.cumsum(sorted_probs, -1) - sorted_probs > top_p
+    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+    picked = torch.multinomial(sorted_probs / sorted_probs.sum(-1, keepdim=True), 1)
+    return torch.gather(order, -1, picked)
+
+
+@pytest.mark.parametrize("fn, shape", [
+    (sample_top_p, (3, 4000)),
+    (lambda x: torch.multinomial(torch.softmax(x, -1), 5), (3, 500)),
+    (lambda x: torch.multinomial(torch.softmax(x, -1), 1, replacement=True), (32000,)),
+], ids=["top-p", "five-without-replacement", "one-with-replacement"])
+def test_multinomial_picks_eagers_tokens_after_the_same_seed(fn, shape):
+    """Eager's CPU kernel: argmax (topk) of p / q, q an Exp(1) draw of p's size."""
+    compiled = cuvil.compile(fn, dynamic=[{0: "rows"}] if len(shape) == 2 else None)
+    for seed in range(4):
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3
+        want, got = eager_and_compiled(fn, compiled, x, seed=seed)
+        assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert compiled.num_variants == 1
+
+
+@pytest.mark.parametrize("p, message", [
+    ([[0.5, -0.1, 0.6]], "element < 0"),
+    ([[0.5, float("nan"), 0.1]], "element < 0"),
+    ([[0.0, 0.0, 0.0]], "sum of probabilities <= 0"),
+])
+def test_multinomial_checks_its_probabilities_as_eager(p, message):
+    compiled = cuvil.compile(lambda p: torch.multinomial(p, 1))
+    compiled(torch.tensor([[0.2, 0.3, 0.5]]))
+    with pytest.raises(RuntimeError, match=message):
+        torch.multinomial(torch.tensor(p), 1)
+    with pytest.raises(IndexError, match="failed at .*test_random_draws.py:.*" + re.escape(message)):
+        compiled(torch.tensor(p))
+
