@@ -294,19 +294,15 @@ def _fft_c2c(r: _Rewrite, z, dims, normalization: int, forward: bool):
 
 def _fft_parts(r: _Rewrite, re, im, dims, normalization: int, forward: bool) -> tuple[Node, Node]:
     """The discrete Fourier transform along each of `dims` (static sizes), Y_j = sum_k z_k
-    e^(-+2 pi i jk/n): the dim moved last, then `_dft_last`."""
+    e^(-+2 pi i jk/n), by `_dft_along`."""
     re, im = (p if isinstance(p, Node) or p == 0 else r.call(aten.full_like.default, q, p)
               for p, q in ((re, im), (im, re)))
     shape = (re if isinstance(re, Node) else im).meta["val"].shape
     sign = -1.0 if forward else 1.0
     for d in dims:
-        n = shape[d]
-        if not isinstance(n, int):
-            r.refuse(f"a Fourier transform along a dynamic dim ({n})")
-        perm = [i for i in range(len(shape)) if i != d] + [d]
-        back = sorted(range(len(shape)), key=lambda i: perm[i])
-        rows = [r.call(aten.permute.default, part, perm) if isinstance(part, Node) else 0 for part in (re, im)]
-        re, im = (r.call(aten.permute.default, part, back) for part in _dft_last(r, *rows, n, sign))
+        if not isinstance(shape[d], int):
+            r.refuse(f"a Fourier transform along a dynamic dim ({shape[d]})")
+        re, im = _dft_along(r, re, im, d % len(shape), sign)
     scale = {0: 1.0, 1: 1 / math.sqrt(math.prod(shape[d] for d in dims)), 2: 1 / math.prod(shape[d] for d in dims)}
     if scale[normalization] != 1.0:
         m = aten.mul.Tensor
@@ -314,7 +310,41 @@ def _fft_parts(r: _Rewrite, re, im, dims, normalization: int, forward: bool) -> 
     return re, im
 
 
-DIRECT_DFT = 64     # a transform this long or shorter is one product by its matrix
+def _dft_along(r: _Rewrite, re: Part, im: Part, axis: int, sign: float) -> tuple[Node, Node]:
+    """The transform along `axis`: the last dim's by `_dft_last`; another's in place, without
+    moving it last (a transpose of the whole tensor, the costliest step of FNet's token mixing),
+    as products by its matrices from the left, or for a long one in four steps whose inner
+    transforms run along the two factors' axes and whose result's two axes swap back (rows of
+    the dims after them move whole)."""
+    shape = list((re if isinstance(re, Node) else im).meta["val"].shape)
+    n = shape[axis]
+    if axis == len(shape) - 1:
+        return _dft_last(r, re, im, n, sign)
+    n1 = _near_root_factor(n) if n > DIRECT_DFT else None
+    if n1 is None:
+        lead, trail = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        rows = [r.call(aten.reshape.default, p, [lead, n, trail]) if isinstance(p, Node) else 0 for p in (re, im)]
+        return tuple(r.call(aten.reshape.default, p, shape) for p in _dft_products(r, *rows, n, sign, left=True))
+    n2 = n // n1
+    split = shape[:axis] + [n1, n2] + shape[axis + 1:]
+    re, im = (r.call(aten.reshape.default, p, split) if isinstance(p, Node) else 0 for p in (re, im))
+    re, im = _dft_along(r, re, im, axis, sign)                        # [..., k1, j2, ...]
+    cos, sin = (r.call(aten.reshape.default, t, [n1, n2] + [1] * (len(shape) - axis - 1))
+                for t in _unit_angles(r, n1, n2, n, sign))             # e^(-+2 pi i k1 j2/n)
+    re, im = _complex_product(r, re, im, cos, sin)
+    re, im = _dft_along(r, re, im, axis + 1, sign)                    # [..., k1, k2, ...]
+    return tuple(r.call(aten.reshape.default, r.call(aten.transpose.int, p, axis, axis + 1), shape)
+                 for p in (re, im))                                    # [..., k2 * n1 + k1, ...]
+
+
+def _complex_product(r: _Rewrite, re: Node, im: Node, cos: Node, sin: Node) -> tuple[Node, Node]:
+    """(re + i im)(cos + i sin), broadcast."""
+    m = aten.mul.Tensor
+    return (_binary(aten.sub.Tensor, r, r.call(m, re, cos), _binary(m, r, im, sin)),
+            _binary(aten.add.Tensor, r, r.call(m, re, sin), _binary(m, r, im, cos)))
+
+
+DIRECT_DFT = 128     # a transform this long or shorter is one product by its matrix
 
 
 def _dft_last(r: _Rewrite, re: Part, im: Part, n: int, sign: float) -> tuple[Node, Node]:
@@ -336,10 +366,7 @@ def _dft_last(r: _Rewrite, re: Part, im: Part, n: int, sign: float) -> tuple[Nod
 
     re, im = (regroup(p, [n1, n2]) for p in (re, im))                   # [..., j2, j1]
     re, im = _dft_last(r, re, im, n1, sign)                             # [..., j2, k1]
-    cos, sin = _unit_angles(r, n2, n1, n, sign)                         # e^(-+2 pi i j2 k1/n)
-    m = aten.mul.Tensor
-    re, im = (_binary(aten.sub.Tensor, r, r.call(m, re, cos), _binary(m, r, im, sin)),
-              _binary(aten.add.Tensor, r, r.call(m, re, sin), _binary(m, r, im, cos)))
+    re, im = _complex_product(r, re, im, *_unit_angles(r, n2, n1, n, sign))   # e^(-+2 pi i j2 k1/n)
     re, im = (r.call(aten.transpose.int, p, -1, -2) for p in (re, im))  # [..., k1, j2]
     re, im = _dft_last(r, re, im, n2, sign)                             # [..., k1, k2]
     return tuple(r.call(aten.reshape.default, r.call(aten.transpose.int, p, -1, -2), lead + [n])
@@ -363,11 +390,13 @@ def _unit_angles(r: _Rewrite, rows: int, cols: int, n: int, sign: float) -> tupl
     return r.call(aten.cos.default, angle), r.call(m, r.call(aten.sin.default, angle), sign)
 
 
-def _dft_products(r: _Rewrite, re: Part, im: Part, n: int, sign: float) -> tuple[Node, Node]:
-    """The transform along the last dim as products by its cosine and sine matrices; a part that
-    is 0 (a real input's imaginary part) takes no product."""
+def _dft_products(r: _Rewrite, re: Part, im: Part, n: int, sign: float, left: bool = False) -> tuple[Node, Node]:
+    """The transform along the last dim as products by its cosine and sine matrices (with `left`,
+    along the next-to-last, the matrices on the left: they are symmetric); a part that is 0 (a
+    real input's imaginary part) takes no product."""
     cos, sin = _unit_angles(r, n, n, n, sign)
-    products = {(a, b): r.call(aten.matmul.default, part, mat) if isinstance(part, Node) else 0
+    products = {(a, b): (r.call(aten.matmul.default, *((mat, part) if left else (part, mat)))
+                         if isinstance(part, Node) else 0)
                 for a, part in enumerate((re, im)) for b, mat in enumerate((cos, sin))}
     return (_binary(aten.sub.Tensor, r, products[0, 0], products[1, 1]),      # re cos - im sin
             _binary(aten.add.Tensor, r, products[1, 0], products[0, 1]))      # im cos + re sin

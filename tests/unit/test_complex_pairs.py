@@ -105,9 +105,9 @@ def test_fourier_transforms_of_static_sizes_are_eagers(transform):
     torch.testing.assert_close(cuvil.compile(transform, cache=False)(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("n", [97, 128, 268, 768, 4096, 65536])
+@pytest.mark.parametrize("n", [97, 128, 268, 768, 4096, 65536])      # 268 = 4 x 67: one split
 def test_long_transforms_split_in_four_steps_match_float64(n):
-    """Past 64 points a transform splits n = n1 n2 near its square root (65536: 256 x 256, each
+    """Past 128 points a transform splits n = n1 n2 near its square root (65536: 256 x 256, each
     split again); a prime length is one product. Against torch's transform in float64, as close
     as float32's rounding allows (eager's own float32 error is 1.1e-7 to 1.9e-7 of the largest)."""
     x = torch.randn(3, n, generator=torch.Generator().manual_seed(n))
