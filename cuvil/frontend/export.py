@@ -36,7 +36,7 @@ from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, 
 from .complex_pairs import complex_as_pairs
 from .inplace import functionalize_local_inplace
 from .masked_updates import rewrite_masked_updates
-from .random_draws import rewrite_multinomial
+from .random_draws import rewrite_random_ops
 from .locations import exception_frame, record_user_frames, user_stack_traces
 from ..runtime.exprs import binding
 from .size_conditions import SizeConditionError, check_kept_guards, check_size_conditions
@@ -263,7 +263,7 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
             if needs_decomposition(ep):
                 ep = ep.run_decompositions(decomposition_table())
             complex_as_pairs(ep)
-            if rewrite_masked_updates(ep.graph) | rewrite_multinomial(ep.graph):
+            if rewrite_masked_updates(ep.graph) | rewrite_random_ops(ep.graph):
                 ep.graph_module.recompile()
     except CuvilError:
         raise

@@ -7,9 +7,9 @@ same ATen overload with the same arguments at the call's sizes (a tensor argumen
 these ops ignore, as `torch.empty` of its size). Eager runs those ops in program order between
 its others, which draw nothing, so drawing them all first, in that order, takes the same numbers
 from the generator: after `torch.manual_seed` the results equal eager's. Ops whose draws depend on
-values the model computes (`torch.bernoulli(p)`, dropout in training mode) are refused: torch's
-decompositions of them draw other numbers than eager's kernels. `torch.multinomial` without
-replacement is rewritten as eager's CPU kernel computes it (`rewrite_multinomial`).
+values the model computes are rewritten as eager's CPU kernels compute them (`rewrite_random_ops`:
+`torch.bernoulli(p)`, dropout in training mode, `torch.multinomial` without replacement); their
+other forms are refused, because torch's decompositions of them draw other numbers than eager.
 """
 from __future__ import annotations
 
@@ -40,41 +40,96 @@ DRAWN = frozenset({
 NOT_DECOMPOSED = (aten.bernoulli.default, aten.rrelu.default)
 
 
-def rewrite_multinomial(graph: torch.fx.Graph) -> bool:
-    """`torch.multinomial(p, n)` without replacement (or of one sample) as eager's CPU kernel
-    computes it: q = an Exp(1) draw of p's size (a drawn op), then the index of the largest p / q
-    (argmax for one sample, topk's indices for n), after eager's checks of p. True if any was
-    rewritten; one with replacement and several samples stays, and is refused."""
+def rewrite_random_ops(graph: torch.fx.Graph) -> bool:
+    """Random ops whose draws depend on computed values, rewritten as eager's CPU kernels compute
+    them, as drawn ops (values ignored, sizes only) and ordinary ones; True if any was rewritten.
+    Forms whose eager kernel draws otherwise stay, and are refused by name."""
     changed = False
-    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is aten.multinomial.default]:
-        p, n = node.args[:2]
-        replacement = node.args[2] if len(node.args) > 2 else node.kwargs.get("replacement", False)
-        if (replacement and n != 1) or node.kwargs.get("generator") is not None or not isinstance(p, torch.fx.Node):
-            continue
-        with graph.inserting_before(node):
-            call = _caller(graph, node)
-            valid = call(aten.all.default, call(aten.logical_and.default, call(aten.isfinite.default, p),
-                                                call(aten.ge.Scalar, p, 0)))
-            call(aten._assert_async.msg, valid, "probability tensor contains either `inf`, `nan` or element < 0")
-            positive = call(aten.all.default, call(aten.gt.Scalar, call(aten.sum.dim_IntList, p, [-1]), 0))
-            call(aten._assert_async.msg, positive, "invalid multinomial distribution (sum of probabilities <= 0)")
-            q = call(aten.exponential.default, call(aten.zeros_like.default, p), 1.0)   # (its values unread)
-            ratio = call(aten.div.Tensor, p, q)
-            picked = call(aten.argmax.default, ratio, -1, True) if n == 1 else \
-                call(operator.getitem, call(aten.topk.default, ratio, n), 1)
-        node.replace_all_uses_with(picked)
-        graph.erase_node(node)
-        changed = True
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in _REWRITES]:
+        if node.kwargs.get("generator") is None and _REWRITES[node.target](graph, node):
+            graph.erase_node(node)
+            changed = True
     return changed
+
+
+def _multinomial(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """`torch.multinomial(p, n)` without replacement (or of one sample): q = an Exp(1) draw of p's
+    size, then the index of the largest p / q (argmax for one sample, topk's indices for n), after
+    eager's checks of p. One with replacement and several samples is not rewritten."""
+    p, n = node.args[:2]
+    replacement = node.args[2] if len(node.args) > 2 else node.kwargs.get("replacement", False)
+    if (replacement and n != 1) or not isinstance(p, torch.fx.Node):
+        return False
+    with graph.inserting_before(node):
+        call = _caller(graph, node)
+        valid = call(aten.all.default, call(aten.logical_and.default, call(aten.isfinite.default, p),
+                                            call(aten.ge.Scalar, p, 0)))
+        call(aten._assert_async.msg, valid, "probability tensor contains either `inf`, `nan` or element < 0")
+        positive = call(aten.all.default, call(aten.gt.Scalar, call(aten.sum.dim_IntList, p, [-1]), 0))
+        call(aten._assert_async.msg, positive, "invalid multinomial distribution (sum of probabilities <= 0)")
+        q = call(aten.exponential.default, call(aten.zeros_like.default, p), 1.0)   # (its values unread)
+        ratio = call(aten.div.Tensor, p, q)
+        picked = call(aten.argmax.default, ratio, -1, True) if n == 1 else \
+            call(operator.getitem, call(aten.topk.default, ratio, n), 1)
+    node.replace_all_uses_with(picked)
+    return True
+
+
+def _bernoulli(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """`torch.bernoulli(p)` of an f32 p: eager's CPU kernel draws one f32 uniform per element, in
+    memory order, and keeps 1 where it lies below p: a `rand_like` draw compared with p, after
+    eager's check of p. A half-precision p (eager draws f32 uniforms for its values, not uniforms
+    of its dtype) and a p that is not contiguous (another order) are not rewritten."""
+    p = node.args[0]
+    val = p.meta.get("val") if isinstance(p, torch.fx.Node) else None
+    if val is None or val.dtype != torch.float32 or not val.is_contiguous():
+        return False
+    with graph.inserting_before(node):
+        call = _caller(graph, node)
+        valid = call(aten.all.default, call(aten.logical_and.default, call(aten.ge.Scalar, p, 0),
+                                            call(aten.le.Scalar, p, 1)))
+        call(aten._assert_async.msg, valid, "Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+        u = call(aten.rand_like.default, p)       # (p's values unread)
+        drawn = call(aten._to_copy.default, call(aten.lt.Tensor, u, p), dtype=val.dtype)
+    node.replace_all_uses_with(drawn)
+    return True
+
+
+def _dropout(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """Dropout in training mode (`F.dropout(x, p, training=True)`, Monte Carlo dropout), which
+    torch's decompositions make `native_dropout`: eager's CPU `dropout` fills a noise tensor of x's
+    size with `bernoulli_(1 - p)` (a drawn op), divides it by 1 - p and multiplies x by it. Only
+    the output is rewritten; a use of the mask is refused."""
+    x, p, train = (list(node.args) + [None])[:3]
+    uses = list(node.users)
+    if train is False or not all(u.target is operator.getitem and u.args[1] == 0 for u in uses):
+        return False
+    with graph.inserting_before(node):
+        call = _caller(graph, node)
+        if p == 0:
+            out = x
+        elif p == 1:
+            out = call(aten.mul.Scalar, x, 0.0)
+        else:
+            noise = call(aten.bernoulli.p, x, 1 - p)     # (x's values unread)
+            out = call(aten.mul.Tensor, x, call(aten.div.Scalar, noise, 1 - p))
+    for u in uses:
+        u.replace_all_uses_with(out)
+        graph.erase_node(u)
+    return True
+
+
+_REWRITES = {aten.multinomial.default: _multinomial, aten.bernoulli.default: _bernoulli,
+             aten.native_dropout.default: _dropout}
 
 
 def _caller(graph: torch.fx.Graph, like: torch.fx.Node):
     """A function that adds a call before `like`, with its source location and torch's value."""
-    def call(target, *args):
+    def call(target, *args, **kwargs):
         vals = torch.fx.node.map_arg(args, lambda a: a.meta["val"])
-        new = graph.call_function(target, args)
+        new = graph.call_function(target, args, kwargs)
         new.meta.update({k: like.meta[k] for k in ("stack_trace", "nn_module_stack") if k in like.meta})
-        new.meta["val"] = target(*vals)
+        new.meta["val"] = target(*vals, **kwargs)
         return new
     return call
 

@@ -1,8 +1,9 @@
 """Random tensors a model makes (cuvil/frontend/random_draws.py): drawn from torch's generator at
 each call, in eager's order, so that after `torch.manual_seed` the outputs are eager's exactly, at
 every size of a dynamic dim, from a saved model and from the compiled-model cache; random ops whose
-draws depend on computed values are refused by name at the user's line, but for
-`torch.multinomial` without replacement, computed as eager's CPU kernel computes it."""
+draws depend on computed values are rewritten as eager's CPU kernels compute them (`bernoulli(p)`,
+training-mode dropout, `torch.multinomial` without replacement), their other forms refused by name at
+the user's line."""
 import re
 import subprocess
 import sys
@@ -135,16 +136,49 @@ def test_under_dynamo():
 
 
 @pytest.mark.parametrize("fn, op", [
-    (lambda x: torch.bernoulli(torch.sigmoid(x)), "aten.bernoulli.default"),
+    (lambda x: torch.bernoulli(torch.sigmoid(x).bfloat16()), "aten.bernoulli.default"),
+    (lambda x: torch.bernoulli(torch.sigmoid(x).t()), "aten.bernoulli.default"),
     (lambda x: torch.multinomial(torch.softmax(x, -1), 2, replacement=True), "aten.multinomial.default"),
-    (lambda x: F.dropout(x, 0.5, training=True), "aten.native_dropout.default"),
-])
+    (lambda x: torch.native_dropout(x, 0.5, True)[1], "aten.native_dropout.default"),
+], ids=["bernoulli-bf16", "bernoulli-transposed", "multinomial-with-replacement", "dropout-mask"])
 def test_draws_that_depend_on_computed_values_are_refused_at_the_users_line(fn, op):
     with pytest.raises(CuvilUnsupportedOpError) as info:
         cuvil.compile(fn, cache=False)(torch.randn(4, 5))
     text = str(info.value)
     assert op in text and "depend on values the model computes" in text
     assert "test_random_draws.py" in text
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.bernoulli(torch.sigmoid(x)) * x,
+    lambda x: F.dropout(x, 0.3, training=True) * 2,
+    lambda x: F.dropout(F.dropout(x, 0.5, True), 0.2, True) + torch.bernoulli(x.sigmoid()),
+    lambda x: F.dropout(x, 1.0, training=True),
+    lambda x: F.dropout(x, 0.0, training=True),
+    lambda x: F.dropout2d(x.view(1, -1, 2, 3), 0.3, training=True),
+    lambda x: F.alpha_dropout(x, 0.2, training=True),
+], ids=["bernoulli", "dropout", "two-dropouts-and-bernoulli", "dropout-all", "dropout-none", "dropout2d",
+        "alpha-dropout"])
+def test_bernoulli_of_values_and_training_dropout_draw_eagers_numbers(fn):
+    """Monte Carlo dropout and stochastic masks: eager's CPU kernels compare a uniform draw with p
+    (bernoulli) or scale a bernoulli_(1 - p) draw (dropout), so the compiled model draws those."""
+    compiled = cuvil.compile(fn, dynamic=[{0: "rows"}])
+    for rows in (4, 9):
+        x = torch.randn(rows, 6)
+        x[0, 0] = float("inf")          # dropped as eager drops it: inf * 0 is NaN
+        want, got = eager_and_compiled(fn, compiled, x, seed=rows)
+        assert got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert compiled.num_variants == 1
+
+
+def test_bernoulli_checks_its_probabilities_as_eager():
+    compiled = cuvil.compile(lambda p: torch.bernoulli(p))
+    compiled(torch.tensor([0.2, 0.7]))
+    with pytest.raises(RuntimeError, match="p_in >= 0 && p_in <= 1"):
+        torch.bernoulli(torch.tensor([0.2, 1.5]))
+    with pytest.raises(IndexError, match=r"failed at .*test_random_draws.py:.*p_in >= 0 && p_in <= 1"):
+        compiled(torch.tensor([0.2, 1.5]))
 
 
 def test_a_generator_the_model_makes_is_refused_at_its_line():
