@@ -398,6 +398,16 @@ GATHERS: dict[str, Callable] = {"cuvil.embedding": _embedding, "cuvil.index_sele
 
 STATUS_BITS = 31       # the checks of one kernel with a bit of their own in its (i32) status word
 
+def _moves(index, var) -> bool:
+    return var in sympy.sympify(index).free_symbols
+
+
+def _steps_by_one(index, var) -> bool:
+    """Consecutive values of `var` read consecutive positions (of that index)."""
+    e = sympy.sympify(index)
+    return _moves(e, var) and sympy.expand(e.subs(var, var + 1) - e) == 1
+
+
 @dataclass
 class LoweredKernel:
     """A kernel and the graph values its buffers hold (`None` for scratch and the status word),
@@ -895,7 +905,53 @@ class GroupLowering:
                 perm = list(op.attrs["perm"])
                 if perm[-1] != rank - 1:
                     return perm.index(rank - 1)
-        return None
+        return self._followed_axis(rank)
+
+    def _followed_axis(self, rank: int) -> int | None:
+        """The output dim some input is contiguous along when no input is contiguous along the
+        output's last dim, and that input's reads move with the last dim too: a permute seen
+        through reshapes (the phase interleave of a transposed 3-d convolution, whose plain loops
+        read each line of the convolution's result once per output channel). Worked out from
+        the index each input is read at, with the output's index as symbols."""
+        if len(self.outputs) != 1 or rank < 2:
+            return None
+        (v, _), = self.outputs.values()
+        out = [sympy.Symbol(f"_o{k}", integer=True, nonnegative=True) for k in range(rank)]
+        reads: list[tuple[Value, list]] = []
+        if not self._source_reads(v, out, reads):
+            return None
+        last, found = out[-1], None
+        for src, idx in reads:
+            if src.type.rank == 0:
+                continue
+            if _steps_by_one(idx[-1], last) and not any(_moves(i, last) for i in idx[:-1]):
+                return None         # contiguous along the output's rows already
+            for k in range(rank - 1):
+                if found is None and _steps_by_one(idx[-1], out[k]) and not any(_moves(i, out[k]) for i in idx[:-1]) \
+                        and any(_moves(i, last) for i in idx):
+                    found = k
+        return found
+
+    def _source_reads(self, v: Value, idx, reads: list) -> bool:
+        """The inputs `v` reads at `idx` through the group's views and elementwise ops, appended to
+        `reads`; False where another kind of op stands between (nothing emitted either way)."""
+        if self._is_source(v):
+            reads.append((v, [sympy.sympify(i) for i in idx]))
+            return True
+        op = v.owner
+        kind = op_kind(op)
+        if kind == "inline":
+            return True
+        if kind == "elementwise" and op.name != "cuvil.batch_norm":
+            shape = op.results[0].type.shape
+            return all(self._source_reads(o, broadcast_index(idx, shape, o.type.shape), reads) for o in op.operands)
+        if op.name == "cuvil.reshape":
+            return self._source_reads(op.operands[0], self.reshape_index(op.operands[0].type.shape, v.type.shape,
+                                                                         idx), reads)
+        if kind == "view" and VIEWS.get(op.name) and op.name != "cuvil.pad":
+            (operand_idx,) = VIEWS[op.name](op, idx, v)
+            return self._source_reads(op.operands[0], operand_idx, reads)
+        return False
 
     def _iterate_transposed(self, shape, a: int, body: Callable[[list], None]) -> None:
         """Loops over `shape` in tiles of TRANSPOSE_TILE x TRANSPOSE_TILE of (dim `a`, last dim),

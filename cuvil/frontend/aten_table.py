@@ -974,8 +974,6 @@ def _single(v) -> int:
 
 def convolution(L: Lowering, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
-        if weight.type.rank == 5:
-            L.unsupported("a transposed 3-d convolution (1-d and 2-d ones are supported)")
         return conv_transpose(L, x, weight, bias, stride, padding, output_padding, groups, dilation)
     return {3: conv1d, 4: conv2d, 5: conv3d}[weight.type.rank](L, x, weight, bias, stride, padding, dilation, groups)
 
@@ -1103,14 +1101,15 @@ def adaptive_avg_pool3d(L: Lowering, x, output_size):
 
 
 def conv_transpose(L: Lowering, x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    """A transposed convolution (1-d or 2-d) as a stride-1 convolution followed by a pixel shuffle.
+    """A transposed convolution (1-d, 2-d or 3-d) as a stride-1 convolution followed by a pixel shuffle.
 
     Output row o = q * s + r of phase r sums x[q + t] * w[ky] over the taps with ky * d = r (mod s),
     t = (r - ky * d) / s. So each of the s phases (per axis) is an ordinary convolution of x, padded
     by P = d * (k - 1) // s before, with a kernel of P + 1 taps picked from w (zero where no tap
-    falls); the phases become extra output channels of one convolution, which a reshape and
-    permute interleave into rows and columns, and a slice crops to the output. No multiplication
-    by inserted zeros, as a convolution over the stride-dilated input would do."""
+    falls); the phases become extra output channels of one convolution (3-d: `conv3d`), which a
+    reshape and permute interleave into rows and columns (and depths), and a slice crops to the
+    output. No multiplication by inserted zeros, as a convolution over the stride-dilated input
+    would do."""
     if x.type.rank == weight.type.rank - 1:     # unbatched
         out = conv_transpose(L, L.op("cuvil.unsqueeze", x, dim=0), weight, bias, stride, padding, output_padding,
                              groups, dilation)
@@ -1120,36 +1119,44 @@ def conv_transpose(L: Lowering, x, weight, bias=None, stride=1, padding=0, outpu
                              [1, _single(stride)], [0, _single(padding)], [0, _single(output_padding)], groups,
                              [1, _single(dilation)])
         return L.op("cuvil.squeeze", out, dims=[2])
-    stride, padding, output_padding, dilation = map(pair, (stride, padding, output_padding, dilation))
+    nd = weight.type.rank - 2
+    spatial = pair if nd == 2 else _triple
+    stride, padding, output_padding, dilation = map(spatial, (stride, padding, output_padding, dilation))
     cin, cout_g, *k = weight.type.shape
     if not all(isinstance(v, int) for v in (cin, cout_g, *k)):
         L.unsupported(f"a transposed convolution weight of symbolic shape {weight.type}")
     taps = [(d * (kk - 1)) // s + 1 for kk, s, d in zip(k, stride, dilation)]
+    axes = range(nd)
     # the weight: a zero tap appended on each axis, the phases' taps picked, the phases made channels
-    w = L.op("cuvil.pad", weight, low=[0, 0, 0, 0], high=[0, 0, 1, 1], mode="constant", value=0.0)
+    w = L.op("cuvil.pad", weight, low=[0] * (2 + nd), high=[0, 0] + [1] * nd, mode="constant", value=0.0)
     for axis, (kk, s, d, n) in enumerate(zip(k, stride, dilation, taps)):
         picks = [kk] * (s * n)                  # phase r, tap j -> kernel index (kk: the zero tap)
         for ky in range(kk):
             picks[(ky * d) % s * n + (n - 1) - (ky * d) // s] = ky
         w = L.op("cuvil.index_select", w, L.constant("conv_transpose.taps", torch.tensor(picks)), dim=2 + axis)
-    (sh, sw), (nh, nw) = stride, taps
-    w = L.op("cuvil.reshape", w, shape=[groups, cin // groups, cout_g, sh, nh, sw, nw])
-    w = L.op("cuvil.permute", w, perm=[0, 3, 5, 2, 1, 4, 6])
-    w = L.op("cuvil.reshape", w, shape=[groups * sh * sw * cout_g, cin // groups, nh, nw])
+    phases = math.prod(stride)
+    # [groups, cin/g, cout/g, s0, n0, s1, n1, ...] -> [groups, s0, s1, ..., cout/g, cin/g, n0, n1, ...]
+    w = L.op("cuvil.reshape", w, shape=[groups, cin // groups, cout_g, *(v for sn in zip(stride, taps) for v in sn)])
+    w = L.op("cuvil.permute", w, perm=[0, *(3 + 2 * a for a in axes), 2, 1, *(4 + 2 * a for a in axes)])
+    w = L.op("cuvil.reshape", w, shape=[groups * phases * cout_g, cin // groups, *taps])
     # rows past the input: enough phases' rows to reach the last output row (output_padding included)
     after = [max(0, -(-(d * (kk - 1) + op + 1 - p) // s) - 1)
              for kk, s, d, p, op in zip(k, stride, dilation, padding, output_padding)]
-    xp = L.op("cuvil.pad", x, low=[0, 0, nh - 1, nw - 1], high=[0, 0, *after], mode="constant", value=0.0)
-    y = gemm_op(L, "cuvil.conv2d", xp, w, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=groups)
-    n_, _, qh, qw = y.type.shape
-    y = L.op("cuvil.reshape", y, shape=[n_, groups, sh, sw, cout_g, qh, qw])
-    y = L.op("cuvil.permute", y, perm=[0, 1, 4, 5, 2, 6, 3])
-    y = L.op("cuvil.reshape", y, shape=[n_, groups * cout_g, qh * sh, qw * sw])
+    xp = L.op("cuvil.pad", x, low=[0, 0, *(n - 1 for n in taps)], high=[0, 0, *after], mode="constant", value=0.0)
+    if nd == 2:
+        y = gemm_op(L, "cuvil.conv2d", xp, w, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=groups)
+    else:
+        y = conv3d(L, xp, w, None, 1, 0, 1, groups)
+    n_, _, *q = y.type.shape
+    # [N, groups, s0, s1, ..., cout/g, q0, q1, ...] -> [N, groups, cout/g, q0, s0, q1, s1, ...]
+    y = L.op("cuvil.reshape", y, shape=[n_, groups, *stride, cout_g, *q])
+    y = L.op("cuvil.permute", y, perm=[0, 1, 2 + nd, *(v for a in axes for v in (3 + nd + a, 2 + a))])
+    y = L.op("cuvil.reshape", y, shape=[n_, groups * cout_g, *(norm_dim(sympy.sympify(qq) * s) for qq, s in zip(q, stride))])
     for axis, (kk, s, d, p, op) in enumerate(zip(k, stride, dilation, padding, output_padding)):
         size = norm_dim((sympy.sympify(x.type.shape[2 + axis]) - 1) * s - 2 * p + d * (kk - 1) + op + 1)
         y = L.op("cuvil.slice", y, dim=2 + axis, start=[p], end=[norm_dim(p + sympy.sympify(size))], step=1)
     if bias is not None:        # after the shuffle: one bias per channel, not one per phase and channel
-        y = L.op("cuvil.add", y, L.op("cuvil.reshape", bias, shape=[groups * cout_g, 1, 1]))
+        y = L.op("cuvil.add", y, L.op("cuvil.reshape", bias, shape=[groups * cout_g] + [1] * nd))
     return y
 
 
@@ -1647,6 +1654,7 @@ ATEN_TABLE = {
     aten.convolution.default: convolution,
     aten.conv_transpose1d.default: conv_transpose,
     aten.conv_transpose2d.input: conv_transpose,
+    aten.conv_transpose3d.input: conv_transpose,
     aten.max_pool2d.default: max_pool2d,
     **RESAMPLING,
     aten.pixel_shuffle.default: pixel_shuffle,

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import cuvil
-from cuvil.errors import CuvilError
 
 
 def rand(*shape, seed=0):
@@ -82,9 +81,3 @@ def test_the_rows_decompositions_reach():
     torch.testing.assert_close(pooled(x), F.max_pool3d(x, (3, 2, 3), (2, 2, 1), (1, 0, 1)))
     adaptive = cuvil.compile(lambda x: torch.ops.aten._adaptive_avg_pool3d(x, [4, 3, 5]))
     torch.testing.assert_close(adaptive(x), F.adaptive_avg_pool3d(x, (4, 3, 5)), rtol=1e-5, atol=1e-6)
-
-
-def test_transposed_3d_convolutions_are_refused_by_name():
-    w = rand(4, 2, 3, 3, 3)
-    with pytest.raises(CuvilError, match="a transposed 3-d convolution"):
-        cuvil.compile(lambda x: F.conv_transpose3d(x, w))(rand(1, 4, 3, 3, 3))

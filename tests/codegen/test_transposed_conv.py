@@ -1,7 +1,7 @@
 """Transposed convolutions, compiled: a stride-1 convolution over the input padded by the phases'
 reach, whose extra output channels (one set per stride phase) a reshape, permute and slice
 interleave into the output. Compared with eager over strides, paddings, output paddings,
-dilations, groups, 1-d and unbatched inputs, dynamic image sizes and a decoder with pads."""
+dilations, groups, 1-d, 3-d and unbatched inputs, dynamic image sizes and a decoder with pads."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,38 @@ def test_conv_transpose1d_and_unbatched_inputs_match_eager():
         torch.testing.assert_close(cuvil.compile(m1)(x1), m1(x1), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(cuvil.compile(m1)(x1[0]), m1(x1[0]), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(cuvil.compile(m2)(x2), m2(x2), rtol=1e-5, atol=1e-5)
+
+
+CASES_3D = [
+    (4, 6, 2, dict(stride=2)),                      # a 3-d U-Net's upsampling
+    (6, 4, 3, dict(stride=2, padding=1, output_padding=1)),
+    (4, 6, (3, 2, 4), dict(stride=(1, 2, 3), padding=(1, 0, 2), output_padding=(0, 1, 2))),
+    (6, 4, 3, dict(stride=2, padding=2, dilation=(2, 1, 2), output_padding=1, groups=2, bias=False)),
+]
+
+
+@pytest.mark.parametrize("cin, cout, k, options", CASES_3D)
+def test_conv_transpose3d_matches_eager(cin, cout, k, options):
+    """The phases of all three axes as channels of one `conv3d`, a 3-d shuffle after it."""
+    torch.manual_seed(0)
+    m = nn.ConvTranspose3d(cin, cout, k, **options).eval()
+    x = torch.randn(2, cin, 4, 5, 6)
+    with torch.no_grad():
+        got, want = cuvil.compile(m)(x), m(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cuvil.compile(m)(x[1]), m(x[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_one_compiled_transposed_conv3d_serves_every_depth():
+    torch.manual_seed(0)
+    m = nn.ConvTranspose3d(3, 2, 3, stride=2, padding=1, output_padding=1).eval()
+    c = cuvil.compile(m, dynamic=[{2: "d"}], ranges={"d": (2, 16)})
+    with torch.no_grad():
+        for d in (3, 2, 9):
+            x = torch.randn(1, 3, d, 4, 5)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    assert c.num_variants == 1
 
 
 def test_one_compiled_transposed_conv_serves_every_image_size():

@@ -158,9 +158,9 @@ UNMAPPED: dict[str, str] = {
     "aten.reshape.default": "reshape is CompositeImplicitAutograd: torch.export always turns it into "
                             "view/_unsafe_view (the reshape OpInfo runs under aten.view.default)",
     "aten.convolution.default": "OpInfo's 1-d and 2-d convolutions export as aten.conv1d, aten.conv2d and "
-                                "aten.conv_transpose1d/2d; aten.convolution comes from a module's forward and "
+                                "aten.conv_transpose1d/2d/3d; aten.convolution comes from a module's forward and "
                                 "from decompositions (covered by the model tests: tests/codegen/"
-                                "test_transposed_conv.py), and from 3-d convolutions, which this row refuses",
+                                "test_transposed_conv.py and test_conv3d.py)",
     "aten.lift_fresh_copy.default": "no OpInfo sample reaches it: torch 2.13 exports a tensor literal as a lifted "
                                     "constant plus aten.clone",
     "aten.detach.default": "of the OpInfos only nanmean calls .detach(), and its decomposition also needs isnan, "

@@ -190,6 +190,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.adaptive_avg_pool3d.default": ["nn.functional.adaptive_avg_pool3d"],
     "aten.conv_transpose1d.default": ["nn.functional.conv_transpose1d"],
     "aten.conv_transpose2d.input": ["nn.functional.conv_transpose2d"],
+    "aten.conv_transpose3d.input": ["nn.functional.conv_transpose3d"],
         "aten.max_pool2d.default": ["nn.functional.max_pool2d"],
     "aten.upsample_nearest1d.vec": ["nn.functional.interpolate[nearest]"],
     "aten.upsample_nearest2d.vec": ["nn.functional.interpolate[nearest]", "nn.functional.upsample_nearest"],
