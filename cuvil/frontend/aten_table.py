@@ -27,7 +27,7 @@ from ..ir.types import dims_equal, norm_dim
 from ..ir.ops.common import broadcast_shapes, window_out
 from ..ir.ops.layout import PAD_MODES
 from .decompositions import cuvil_decompositions
-from .importer import Lowering, Unavailable, op_name
+from .importer import DATA_SIZED, Lowering, Unavailable, op_name
 from .resampling import RESAMPLING, repeat_each
 from .random_draws import NOT_DECOMPOSED
 from .value_bounds import integer_bounds, proven
@@ -1248,7 +1248,7 @@ def index(L: Lowering, x, indices):
     result's index dims are put back where torch puts them: in place of the indexed dims when
     those are adjacent, first otherwise."""
     if any(i is not None and i.type.dtype is DType.bool for i in indices):
-        L.unsupported("boolean-mask indexing (its result size depends on the data)")
+        L.unsupported(f"boolean-mask indexing: {DATA_SIZED}")
     picked = [k for k, i in enumerate(indices) if i is not None]
     if picked == list(range(len(picked))):
         return L.op("cuvil.index", x, *(indices[k] for k in picked))

@@ -15,6 +15,7 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import CuvilError, CuvilUnsupportedOpError, CuvilVerifyError
 from ..ir import Builder, DType, Function, Loc, Module, TensorType, Value
@@ -378,7 +379,7 @@ def _lower(lowering: Lowering, table: dict, node: torch.fx.Node, env: dict):
     if row is None and is_random(node.target):
         refuse_random(node, str(lowering.frame) if lowering.frame else None)
     if row is None:
-        lowering.unsupported("")
+        lowering.unsupported(DATA_SIZED if _data_sized(node) else "")
     args = bind(node.target, _operand(lowering, env, node.args, "an argument"),
                 {k: _operand(lowering, env, v, f"argument '{k}'") for k, v in node.kwargs.items()})
     try:
@@ -393,6 +394,19 @@ def _lower(lowering: Lowering, table: dict, node: torch.fx.Node, env: dict):
         if e.source is None and lowering.frame is not None:    # a size torch computed that Cuvil dims refuse
             raise CuvilUnsupportedOpError(e.op_name, str(lowering.frame), e.detail) from None
         raise
+
+
+DATA_SIZED = ("its result's size depends on tensor values, and a Cuvil program's sizes depend on its inputs' "
+              "sizes only; torch.compile(model, backend=\"cuvil\") compiles the graphs before and after it with "
+              "Cuvil and runs it in eager PyTorch between them")
+
+
+def _data_sized(node: torch.fx.Node) -> bool:
+    """A result whose size torch.export could only name by an unbacked symbol (`nonzero`, `unique`,
+    `masked_select`)."""
+    vals = node.meta.get("val")
+    vals = vals if isinstance(vals, (list, tuple)) else [vals]
+    return any(isinstance(v, torch.Tensor) and free_unbacked_symbols(v.shape) for v in vals)
 
 
 def _pinned(lowering: Lowering, v):

@@ -83,6 +83,41 @@ def test_graph_breaks_give_graphs_that_each_run_natively():
     assert len(backend.graphs) == 2 and backend.all_native()
 
 
+class Masked(nn.Module):
+    """Sizes read from tensor values: a selection by a mask, `nonzero`."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.proj(x)
+        picked = y[y > 0] * 2
+        return picked.sum() + torch.nonzero(y > 0.5).sum(), torch.tanh(y)
+
+
+def test_sizes_read_from_values_are_refused_by_cuvil_compile_pointing_at_the_dynamo_backend():
+    """cuvil.compile names the op, the reason and torch.compile's route; that route compiles the
+    graphs around the data-sized ops with Cuvil, the ops themselves running in eager between them."""
+    import cuvil
+    from cuvil.errors import CuvilUnsupportedOpError
+    model = Masked().eval()
+    x = torch.randn(5, 8)
+    with pytest.raises(CuvilUnsupportedOpError, match=r"(?s)aten.index.Tensor.*size depends on tensor values.*"
+                                                     r"backend=\"cuvil\".*picked = y\[y > 0\] \* 2"):
+        cuvil.compile(model)(x)
+    with pytest.raises(CuvilUnsupportedOpError, match=r"(?s)aten.nonzero.default.*size depends on tensor values"):
+        cuvil.compile(lambda y: torch.nonzero(y > 0.5))(x)
+    backend = Recorder()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for rows in (5, 9):
+            x = torch.randn(rows, 8)
+            for got, want in zip(compiled(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(backend.graphs) >= 2 and backend.all_native()
+
+
 def test_a_graph_cuvil_cannot_compile_runs_eagerly_and_logs_why(caplog):
     def f(x):
         y = x * 2
