@@ -197,7 +197,8 @@ class ProgramDraft:
         by_local = {kk: b for b, kk in local.items()}
         out = []
         for ins in inplace_candidates(kernel).get(by_local.get(key, ""), []):
-            if local[ins] in name_of:
+            # another buffer of the kernel may read the same memory at another shape (an alias view)
+            if local[ins] in name_of and list(local.values()).count(local[ins]) == 1:
                 out.append(name_of[local[ins]])
         return tuple(out)
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from ..errors import CuvilError
 from ..ir.core import Function, Operation
-from .lower import REMATERIALIZED, SKIP_OPS, fusible_operands, group_legality, needs_memory, op_kind
+from .lower import REMATERIALIZED, SKIP_OPS, fusible_operands, group_legality, needs_memory, op_kind, stored
 
 Grouping = Callable[[Function], "list[list[Operation]]"]
 GROUP_ATTR = "fuse.group"
@@ -118,8 +118,8 @@ def run_order(fn: Function, groups: list[list[Operation]]) -> list[list[Operatio
     deps: list[set[int]] = []
     for g, ops in enumerate(groups):
         inside = {id(op) for op in ops}
-        deps.append({computed_by[id(v.owner)] for op in ops for v in op.operands
-                     if id(v.owner) in computed_by and id(v.owner) not in inside})
+        reads = [stored(v).owner for op in ops for v in op.operands]
+        deps.append({computed_by[id(o)] for o in reads if id(o) in computed_by and id(o) not in inside})
     users: list[list[int]] = [[] for _ in groups]
     for g, ds in enumerate(deps):
         for d in ds:

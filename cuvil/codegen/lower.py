@@ -78,9 +78,37 @@ def op_kind(op: Operation) -> str:
 REMATERIALIZED = frozenset({"inline", "view"})
 
 
+ALIAS_VIEWS = frozenset({"cuvil.reshape", "cuvil.squeeze", "cuvil.unsqueeze"})
+
+
+def alias_base(v: Value) -> Value | None:
+    """The value whose memory `v` reads, when `v` needs no kernel of its own: a reshape (squeeze,
+    unsqueeze) lists the elements of its operand in their order, so where the operand is in memory
+    (an argument, a weight, a value a kernel computes, or another such view of one) it is the
+    operand's buffer read at another shape. A gather's table or a GEMM's operand read so was
+    copied first (`hidden.view(-1, d)[rows]`: the whole hidden state per lookup). None for any
+    other value, and for a returned one, which gets a buffer of its own."""
+    op = v.owner
+    if not isinstance(op, Operation) or op.name not in ALIAS_VIEWS or any(u.name == "cuvil.return" for u in v.uses):
+        return None
+    src = op.operands[0]
+    owner = src.owner
+    if isinstance(owner, Function) or owner.name == "cuvil.const" or op_kind(owner) not in REMATERIALIZED:
+        return src
+    return alias_base(src)
+
+
+def stored(v: Value) -> Value:
+    """The value whose buffer holds `v` (`alias_base`, else v itself)."""
+    return alias_base(v) or v
+
+
 def needs_memory(op: Operation, live: set[int]) -> bool:
     """Some live user (`live`: ids, `grouping.live_ops`) reads op's result from memory: a return, or
-    an operand outside `fusible_operands`."""
+    an operand outside `fusible_operands`; but for an alias view (`alias_base`), whose readers read
+    its operand's memory."""
+    if op.results and alias_base(op.results[0]) is not None:
+        return False
     return any(u.name == "cuvil.return" or (id(u) in live and not any(o is r for o in fusible_operands(u)))
                for r in op.results for u in r.uses)
 
@@ -148,7 +176,8 @@ def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
         for v in op.operands:
             if any(v is f for f in fusible) or isinstance(v.owner, Function):
                 continue
-            if id(v.owner) in members:
+            v = stored(v)
+            if isinstance(v.owner, Operation) and id(v.owner) in members:
                 what = "its table" if op_kind(op) == "gather" else "its operands"
                 return Refusal("memory-operand", f"{op.name} reads {what} from memory, but {v.owner.name} is "
                                                  f"computed in the group (it needs a kernel of its own)")
@@ -466,15 +495,16 @@ class GroupLowering:
 
     def _is_source(self, v: Value) -> bool:
         """Read from memory: arguments and values of ops outside the group, but inline constants
-        that no op of the group reads from memory (a GEMM's operand): the others recompute them."""
+        that no op of the group reads from memory (a GEMM's operand): the others recompute them;
+        and an alias view (`alias_base`) that some op of the group reads from memory."""
         if isinstance(v.owner, Function):
             return True
-        if id(v.owner) in self.members:
-            return False
+        if id(v.owner) in self.members:     # an alias view the group also recomputes for other readers
+            return id(v) in self.read_from_memory and alias_base(v) is not None
         return v.owner.name not in INLINE_OPS or id(v) in self.read_from_memory
 
     def _buffer(self, v: Value, role: str) -> Buffer:
-        self.values.append(v)
+        self.values.append(stored(v) if role == "in" else v)
         base = re.sub(r"[^A-Za-z0-9_.]", "_", v.name) if v.name else ("x" if role == "in" else "y")
         taken = {b.name for b in self.buffers}
         name = base if base not in taken and v.name else next(f"{base}{k}" for k in itertools.count() if

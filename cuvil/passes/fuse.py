@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from ..codegen.grouping import (GROUP_ATTR, groups_from_attrs, groups_from_cores, kernel_ops, kernel_roots, live_ops,
                                 program_order, rematerialize)
-from ..codegen.lower import (INLINE_OPS, REMATERIALIZED, Refusal, fusible_operands, group_legality, needs_memory,
-                             op_kind)
+from ..codegen.lower import (INLINE_OPS, REMATERIALIZED, Refusal, alias_base, fusible_operands, group_legality,
+                             needs_memory, op_kind)
 from ..ir.core import Function, Module, Operation
 from ..ir.printer import value_names
 from .base import ModulePass
@@ -121,6 +121,10 @@ class Fusion:
             if u.name != "cuvil.return" and id(u) not in self.live:
                 continue
             fusible = any(o is v for o in fusible_operands(u))
+            if view is not None and not fusible and u.name != "cuvil.return" and alias_base(v) is not None:
+                memory.append((u, self._memory_read(p, u)))     # reads p's own buffer at the view's shape
+                escape = escape or f"{self.value(p)} is also read from memory by {u.name} (through {view.name})"
+                continue
             if view is not None and (u.name == "cuvil.return" or not fusible):
                 continue            # reads the view's buffer, which the view's own kernel writes
             if u.name == "cuvil.return":
