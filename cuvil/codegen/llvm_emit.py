@@ -1116,6 +1116,18 @@ REDUCERS = {
 
 # ----------------------------------------------------------------------------- casts
 
+def _truncate_like_x86(b: ir.IRBuilder, v: ir.Value, sty: ir.Type, dty: ir.IntType) -> ir.Value:
+    """Float -> i32/i64 as x86's truncating conversion gives it, which eager's casts compile to
+    there: NaN and values outside the integer's range give its smallest value (the "integer
+    indefinite": `torch.tensor(nan).long()` is -2^63). Written so that LLVM emits one vector
+    conversion (AVX-512's vcvttps2qq): its saturating fptosi.sat, which gives 0 for NaN, was
+    scalarised, 16 conversions and compares a vector (grid_sample's index computation)."""
+    limit = float(2 ** (dty.width - 1))
+    inside = b.and_(b.fcmp_ordered(">=", v, ir.Constant(sty, -limit)), b.fcmp_ordered("<", v, ir.Constant(sty, limit)))
+    whole = b.fptosi(b.select(inside, v, ir.Constant(sty, 0.0)), dty)
+    return b.select(inside, whole, ir.Constant(dty, -(1 << (dty.width - 1))))
+
+
 def convert(em: KernelEmitter, v: ir.Value, src: DType, dst: DType) -> ir.Value:
     b = em.b
     if src == dst:
@@ -1130,6 +1142,8 @@ def convert(em: KernelEmitter, v: ir.Value, src: DType, dst: DType) -> ir.Value:
     if src.is_float:
         if dst == DType.bool:
             return b.fcmp_unordered("!=", v, ir.Constant(sty, 0.0))
+        if em.mb.target.arch == "x86_64" and src == DType.f32 and dty.width in (32, 64):
+            return _truncate_like_x86(b, v, sty, dty)
         return b.call(intrinsic(b.module, "fptosi.sat", dty, [sty], [dty, sty]), [v])
     if dst.is_float:
         return b.uitofp(v, dty) if src == DType.bool else b.sitofp(v, dty)

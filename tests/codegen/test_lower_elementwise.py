@@ -129,6 +129,19 @@ def test_mixed_dtypes_casts_where(compiled):
         torch.testing.assert_close(out, r)
 
 
+def test_float_to_integer_casts_give_eagers_values_outside_the_integers_range_too():
+    """Eager's casts are the CPU's truncating conversion: on x86, NaN and values outside the range
+    give the smallest integer. One vector conversion in the kernel (a whole vector of them: the
+    tensor is long enough for the vectorised loop)."""
+    import cuvil
+    special = [2.7, -2.7, 0.5, -0.99, 1e10, -1e10, 3e19, -3e19, 2.0 ** 31, -(2.0 ** 31), 2.0 ** 63, -(2.0 ** 63),
+               float("inf"), float("-inf"), float("nan"), 123456.7]
+    x = torch.tensor(special * 8)
+    got = cuvil.compile(lambda x: (x.long(), x.int(), (x * 0.5).long()))(x)
+    for g, w in zip(got, (x.long(), x.int(), (x * 0.5).long())):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
 def test_activations(compiled):
     x = torch.cat([torch.linspace(-12, 12, 3297), torch.tensor([float("inf"), float("-inf"), float("nan")])])
     x = x.reshape(-1, 33)
