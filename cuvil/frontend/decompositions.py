@@ -7,7 +7,9 @@
   in the input (torch's rule): each position along `dim` compared with every index (the cost
   is their product: meant for few positions), over the part of the input the index reaches, padded to the input's sizes (a router's `scatter(-1, top, -inf)`).
   The index goes through `cuvil::check_index` first: one outside the dim matches no position,
-  and would write nothing where torch raises.
+  and would write nothing where torch raises. `aten.scatter_reduce` (sum, prod, mean, amax, amin,
+  with or without the input's own values) the same way, each position's reduction over the
+  values whose index names it.
 - `aten.grid_sampler_2d` (`F.grid_sample`: deformable attention in Mask2Former, Deformable DETR):
   bilinear or nearest, with zero or border padding, as gathers along the flattened image of each
   corner's index, computed once per sample point and shared by the channels, its weight 0 where
@@ -21,6 +23,7 @@
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -92,6 +95,43 @@ def scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tenso
     return x + _to_input(torch.where(names, src.unsqueeze(dim + 1), torch.zeros((), dtype=x.dtype)).sum(dim), x)
 
 
+SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str,
+                   include_self: bool = True) -> torch.Tensor:
+    """Each position's reduction over the src values whose index names it (TAPAS's segment
+    minimum: `scatter_reduce(..., "amin", include_self=False)`), combined with x's value there when
+    `include_self`; positions no index names keep x's. The mean of an integer tensor (torch
+    divides with rounding down) is left to the refusal."""
+    if (dim := _scatter_form(x, dim, index)) is None or reduce not in SCATTER_REDUCTIONS \
+            or (reduce == "mean" and not x.is_floating_point()):
+        return NotImplemented
+    index = torch.ops.cuvil.check_index(index, x.shape[dim], dim, "scatter_reduce")
+    src = src[tuple(slice(0, n) for n in index.shape)].to(x.dtype)
+    names = _names_along(index, dim, x.shape[dim])
+    spread = src.unsqueeze(dim + 1)
+    count = names.sum(dim)
+    if reduce in ("sum", "mean", "prod"):
+        fill = torch.ones((), dtype=x.dtype) if reduce == "prod" else torch.zeros((), dtype=x.dtype)
+        picked = torch.where(names, spread, fill)
+        part = picked.prod(dim) if reduce == "prod" else picked.sum(dim)
+    else:
+        info = torch.finfo(x.dtype) if x.is_floating_point() else torch.iinfo(x.dtype)
+        extreme = -math.inf if reduce == "amax" else math.inf
+        fill = torch.scalar_tensor(extreme if x.is_floating_point() else (info.min if reduce == "amax" else info.max),
+                                   dtype=x.dtype)
+        picked = torch.where(names, spread, fill)
+        part = picked.amax(dim) if reduce == "amax" else picked.amin(dim)
+    if include_self:
+        mine = x[tuple(slice(0, n) for n in count.shape)]
+        part = {"sum": lambda: mine + part, "prod": lambda: mine * part, "mean": lambda: (mine + part) / (count + 1),
+                "amax": lambda: torch.maximum(mine, part), "amin": lambda: torch.minimum(mine, part)}[reduce]()
+    elif reduce == "mean":
+        part = part / count.clamp(min=1)
+    return torch.where(_to_input((count > 0).to(torch.int8), x) > 0, _to_input(part, x), x)
+
+
 def grid_sampler_2d(x: torch.Tensor, grid: torch.Tensor, interpolation_mode: int = 0, padding_mode: int = 0,
                     align_corners: bool = False) -> torch.Tensor:
     if interpolation_mode not in (0, 1) or padding_mode not in (0, 1):     # bicubic, reflection
@@ -161,6 +201,7 @@ def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> 
 def cuvil_decompositions() -> dict:
     table = {aten.histc.default: histc, aten.scatter.value: scatter_value,
              aten.scatter.src: scatter_src, aten.scatter_add.default: scatter_add,
+             aten.scatter_reduce.two: scatter_reduce,
              aten.grid_sampler_2d.default: grid_sampler_2d}
     if "transformers" in sys.modules and hasattr(torch.ops, "transformers") \
             and hasattr(torch.ops.transformers, "grouped_mm_fallback"):

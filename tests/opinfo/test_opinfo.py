@@ -274,6 +274,7 @@ DECOMPOSED: dict[str, list[str]] = {
     "aten.scatter.value": ["scatter"],
     "aten.scatter.src": ["scatter"],
     "aten.scatter_add.default": ["scatter_add"],
+    "aten.scatter_reduce.two": [f"scatter_reduce[{r}]" for r in ("sum", "prod", "mean", "amax", "amin")],
     "aten.histc.default": ["histc"],
     "aten.grid_sampler_2d.default": ["nn.functional.grid_sample", "grid_sampler_2d"],
 }

@@ -1,5 +1,5 @@
 """Cuvil's own decompositions (cuvil/frontend/decompositions.py), compiled natively against eager
-PyTorch: `torch.histc` with a range, `scatter`, `scatter_add` and `F.grid_sample`. (The grouped product of a
+PyTorch: `torch.histc` with a range, `scatter`, `scatter_add`, `scatter_reduce` and `F.grid_sample`. (The grouped product of a
 mixture of experts is compared in tests/differential/test_hf_models.py, on Mixtral.)"""
 import pytest
 import torch
@@ -38,6 +38,27 @@ def test_scatter_of_a_value_a_tensor_and_a_sum(dim):
     unique = torch.argsort(torch.rand(x.shape, generator=g), dim=dim).narrow(dim, 0, 3)   # no repeats: one answer
     copied = cuvil.compile(lambda x, i, s: x.scatter(dim, i, s))(x, unique, src)
     torch.testing.assert_close(copied, x.scatter(dim, unique, src), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_over_segments(reduce, include_self):
+    """TAPAS's segment reductions: each segment's minimum (maximum, mean, ...) of the values whose
+    segment index names it; a segment no index names keeps the input's value."""
+    g = torch.Generator().manual_seed(5)
+    values = torch.randn(3, 16, generator=g)
+    values[1, 4] = float("nan")                     # propagates to its segment, as in eager
+    segments = torch.randint(0, 6, (3, 16), generator=g)     # segment 7 is never named: kept as it was
+    base = torch.randn(3, 8, generator=g)
+
+    def reduced(base, segments, values):
+        return base.scatter_reduce(1, segments, values, reduce=reduce, include_self=include_self)
+    got = cuvil.compile(reduced)(base, segments, values)
+    torch.testing.assert_close(got, reduced(base, segments, values), rtol=1e-5, atol=1e-6, equal_nan=True)
+    ints = torch.randint(-50, 50, (3, 16), generator=g)
+    if reduce != "mean":
+        got = cuvil.compile(reduced)(torch.zeros(3, 8, dtype=torch.int64), segments, ints)
+        assert torch.equal(got, reduced(torch.zeros(3, 8, dtype=torch.int64), segments, ints))
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
