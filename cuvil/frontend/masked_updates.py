@@ -6,7 +6,10 @@ has as many elements as the mask has true values: a size read from the data, whi
 compile. When every value put comes from elementwise ops on elements the same mask selects (and
 on numbers, or tensors that broadcast against the selection the same way as against the whole),
 each selected element's new value is that op applied at its own place, so the put is
-`where(mask, f(x, y), x)`, and no size depends on the data. Anything else (a selection summed,
+`where(mask, f(x, y), x)`, and no size depends on the data. So it is where the mask selects whole
+rows and f computes each row from that row alone (a linear, a layer norm or a softmax over the
+dims after the mask's: X-MOD's `out[mask] = adapter(h[mask])`): f over the whole tensor gives each
+selected row's value at its place, at the cost of computing the rows the mask leaves. Anything else (a selection summed,
 returned, or put through another mask) is left as it is, and refused at import as before.
 """
 from __future__ import annotations
@@ -95,10 +98,37 @@ def _elementwise_of_selections(node, indices: list, shape, rest: int, selections
         if not before:
             return True
         return before[-1] == 1 if len(indices) > 1 else all(d == 1 for d in before)
+    if node.op == "call_function" and _within_rows(node, rest):
+        # the selected rows go on; the weights must be the same for every row
+        weights = list(node.args[1:]) + list(node.kwargs.values())
+        return not any(isinstance(w, torch.fx.Node) and _depends_on_selection(w) for w in weights) \
+            and _elementwise_of_selections(node.args[0], indices, shape, rest, selections)
     if node.op != "call_function" or not _is_elementwise(node):
         return False
     args = list(node.args) + [v for v in node.kwargs.values() if isinstance(v, torch.fx.Node)]
     return all(_elementwise_of_selections(a, indices, shape, rest, selections) for a in args)
+
+
+def _last_dim(node: torch.fx.Node) -> int | None:
+    """1 where a softmax runs along its input's last dim."""
+    dim, rank = node.args[1], _val(node.args[0]).dim()
+    return 1 if rank and dim % rank == rank - 1 else None
+
+
+# ops that compute each row of their first operand from that row alone, and how many trailing dims
+# a row spans: applied to the whole tensor, a selected row comes out as it would selected
+_ROW_OPS = {aten.linear.default: lambda n: 1, aten.layer_norm.default: lambda n: len(n.args[1]),
+            aten._softmax.default: _last_dim, aten._log_softmax.default: _last_dim,
+            aten.softmax.int: _last_dim, aten.log_softmax.int: _last_dim}
+_ALONG_A_DIM = (aten._softmax.default, aten._log_softmax.default, aten.softmax.int, aten.log_softmax.int)
+
+
+def _within_rows(node: torch.fx.Node, rest: int) -> bool:
+    """Whether `node` is a row op (`_ROW_OPS`: X-MOD's `out[mask] = adapter(h[mask])`, a linear of
+    the selected rows) whose rows lie within the dims after the mask's, which the selection takes
+    whole."""
+    span = _ROW_OPS[node.target](node) if node.target in _ROW_OPS else None
+    return span is not None and span <= rest
 
 
 def _same_value(a, b) -> bool:
@@ -144,6 +174,8 @@ def _rebuild(graph: torch.fx.Graph, node, replaced: dict):
     if not _depends_on_selection(node):
         return node
     args = tuple(_rebuild(graph, a, replaced) for a in node.args)
+    if node.target in _ALONG_A_DIM:
+        args = (args[0], -1, *args[2:])      # the selection's last dim, whatever the whole's rank
     kwargs = {k: _rebuild(graph, v, replaced) for k, v in node.kwargs.items()}
     replaced[node] = _node(graph, node.target, args, kwargs, node)
     return replaced[node]

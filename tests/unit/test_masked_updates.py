@@ -64,6 +64,46 @@ def test_a_masked_update_matches_eager(f, make):
     torch.testing.assert_close(compiled(*empty), f(*empty))       # a mask selecting nothing
 
 
+class LanguageAdapters(torch.nn.Module):
+    """X-MOD's per-language adapters: each language's rows put through its own small network,
+    `out[mask] = adapter(h[mask])`, with the mask over the batch, then over batch and tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, h, lang, keep):
+        out = torch.zeros_like(h)
+        for code in (0, 1):
+            mask = lang == code
+            out[mask] = self.down(torch.relu(self.up(self.norm(h[mask])))) + code
+        tokens = keep > 0
+        out[tokens] += torch.softmax(h[tokens] * 2, -1)      # the mask over two dims: rows of the last
+        return out
+
+
+def test_rows_a_mask_selects_put_through_row_ops_match_eager():
+    model = LanguageAdapters().eval()
+    compiled = cuvil.compile(model)
+    with torch.no_grad():
+        for seed in range(3):
+            g = torch.Generator().manual_seed(seed)
+            h = torch.randn(4, 5, 8, generator=g)
+            lang = torch.randint(0, 3, (4,), generator=g)
+            keep = torch.randint(0, 2, (4, 5), generator=g)
+            torch.testing.assert_close(compiled(h, lang, keep), model(h, lang, keep), rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_op_mixing_the_selected_rows_stays_refused():
+    def f(h, m):
+        out = torch.zeros_like(h)
+        out[m] = torch.softmax(h[m], 0)      # along the selection's count: its size matters
+        return out
+    with pytest.raises(CuvilError, match="boolean-mask indexing"):
+        cuvil.compile(f)(torch.randn(4, 8), torch.tensor([True, False, True, True]))
+
+
 def test_a_selection_used_otherwise_stays_refused():
     def f(x, m):
         y = x.clone()
