@@ -145,7 +145,8 @@ _SIZE_ARITHMETIC = {"cuvil.add": operator.add, "cuvil.sub": operator.sub, "cuvil
 
 def _size_value(x):
     """The integer a rank-0 tensor holds where it is sizes and constants combined by +, - and *
-    (DeBERTa's `torch.tensor(min(q, 32))` and `32 - att_span`), else None."""
+    (DeBERTa's `torch.tensor(min(q, 32))` and `32 - att_span`), or the greatest or least element
+    of an arange over a size, else None."""
     if x.is_arg or x.type.rank != 0 or x.type.dtype.is_float:
         return None
     op = x.owner
@@ -161,7 +162,25 @@ def _size_value(x):
     if op.name in _SIZE_ARITHMETIC:
         a, b = (_size_value(v) for v in op.operands)
         return None if a is None or b is None else _SIZE_ARITHMETIC[op.name](a, b)
+    if op.name in ("cuvil.amax", "cuvil.amin") and (ends := _arange_ends(op.operands[0])) is not None:
+        return ends[1] if op.name == "cuvil.amax" else ends[0]
     return None
+
+
+def _arange_ends(x):
+    """The least and greatest values of an integer `arange` over a size (and of views that list its
+    elements again: Reformer's `position_ids.max().item()`, positions broadcast over the batch)."""
+    if x.is_arg or x.type.dtype.is_float:
+        return None
+    op = x.owner
+    if op.name in ("cuvil.reshape", "cuvil.permute", "cuvil.expand", "cuvil.squeeze", "cuvil.unsqueeze",
+                   "cuvil.flip", "cuvil.copy", "cuvil.cast"):
+        return _arange_ends(op.operands[0])
+    if op.name != "cuvil.arange" or not all(float(op.attrs[k]).is_integer() for k in ("start", "step")):
+        return None
+    start, step = int(op.attrs["start"]), int(op.attrs["step"])
+    last = start + step * (sympy.sympify(x.type.shape[0]) - 1)
+    return (start, last) if step > 0 else (last, start)
 
 
 def local_scalar_dense(L: Lowering, x):

@@ -164,6 +164,23 @@ def test_a_size_held_in_a_tensor_bounds_a_slice_and_a_clamp():
             assert len(c._variants) == 1, c.explain_recompiles()
 
 
+def test_the_greatest_position_read_back_as_a_size():
+    """Reformer's axial position encodings: `position_ids.max().item()` of positions made by an
+    arange over the sequence (broadcast over the batch) is that size less one, a slice bound."""
+    table = torch.randn(1, 8, 6)
+
+    def f(x):
+        positions = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        last, first = positions.max().item(), positions.min().item()
+        torch._check(last < 16)
+        return x + table[:, : (last + 2) // 2].reshape(1, -1)[:, : x.shape[1] - first]
+    c = cuvil.compile(f, dynamic={"x": {1: "L"}}, ranges={"L": (2, 16)}, cache=False)
+    for length in (5, 2, 16, 9):
+        x = torch.randn(2, length)
+        torch.testing.assert_close(c(x), f(x), rtol=0, atol=0)
+    assert len(c._variants) == 1, c.explain_recompiles()
+
+
 def test_a_tensor_value_as_a_slice_bound_is_refused_at_its_line():
     def f(x, n):
         return x[: n.item()] * 2.0
