@@ -24,6 +24,7 @@ from ..runtime.exprs import binding
 from .complex_pairs import as_pairs
 from .locations import SourceFrame, node_frame
 from .random_draws import DRAWN, Draw, imported_draw, is_random, refuse_random
+from .static_values import static_constants
 from .symbols import SymbolTable
 
 
@@ -194,7 +195,8 @@ def import_graph(ep: torch.export.ExportedProgram, table: dict, name: str,
     fn = module.add_function(Function(name, [_arg_type(n, symbols) for n in user + drawn],
                                       [n.name for n in user + drawn], symbols.ranges))
     lowering = Lowering(fn, module, symbols)
-    env: dict[torch.fx.Node, Any] = {**dict(zip(user + drawn, fn.args)), **_other_inputs(ep, placeholders)}
+    env: dict[torch.fx.Node, Any] = {**dict(zip(user + drawn, fn.args)), **_other_inputs(ep, placeholders),
+                                     **static_constants(ep, lambda name, t: _Const(name, t.detach()))}
     for node in ep.graph.nodes:
         if node.op == "call_function":
             if node not in env:     # (a draw is an argument)
