@@ -626,7 +626,9 @@ def summarise(e: BaseException, max_lines: int = 10) -> str:
     if len(out) > max_lines:
         out = out[:max_lines] + ["..."]
     if "data-dependent" in str(e):
-        out.insert(0, "the model branches on, or sizes a tensor by, tensor values (data-dependent control flow):")
+        out.insert(0, "the model branches on, or sizes a tensor by, tensor values (data-dependent control flow); "
+                      "torch.compile(model, backend=\"cuvil\") runs such a branch in Python and compiles the "
+                      "graphs around it with Cuvil. torch.export said:")
     if _UNREPORTED_GUARD.search(str(e)):
         out.insert(0, "the model needs a condition on its dynamic sizes that fails somewhere in their declared "
                       "ranges, and torch.export's report of which one crashed (a fractional bound, from a floor "

@@ -118,6 +118,26 @@ def test_sizes_read_from_values_are_refused_by_cuvil_compile_pointing_at_the_dyn
     assert len(backend.graphs) >= 2 and backend.all_native()
 
 
+def test_a_branch_on_tensor_values_points_at_the_dynamo_backend_which_compiles_around_it():
+    """FSMT's `if not padding_mask.any():`, Longformer's `if is_global_attn:`: torch.export cannot
+    capture the branch; Dynamo runs it in Python between graphs Cuvil compiles."""
+    import cuvil
+
+    def f(x, mask):
+        y = torch.tanh(x) * 2
+        if not mask.any():
+            return y + 1
+        return y.masked_fill(mask, 0.0)
+    x = torch.randn(4, 6)
+    with pytest.raises(cuvil.CuvilError, match=r"(?s)data-dependent control flow.*backend=\"cuvil\""):
+        cuvil.compile(f)(x, x > 0)
+    backend = Recorder()
+    compiled = torch.compile(f, backend=backend)
+    for mask in (x > 0, torch.zeros_like(x, dtype=torch.bool)):
+        torch.testing.assert_close(compiled(x, mask), f(x, mask))
+    assert backend.all_native()
+
+
 def test_a_graph_cuvil_cannot_compile_runs_eagerly_and_logs_why(caplog):
     def f(x):
         y = x * 2
