@@ -74,8 +74,6 @@ REFUSALS: list[Refusal] = [
 NOT_RUN: list[Refusal] = [
     Refusal("to", r"dtype torch\.float64", "its first samples all convert to float64, which Cuvil lacks "
             "(float/long/bool cover _to_copy)", (torch.float32,)),
-    Refusal("logspace", r"dtype torch\.float64", "torch's logspace decomposition computes in float64, which "
-            "Cuvil lacks (so nothing reaches pow.Scalar)", (torch.float32,)),
     Refusal("pow", r"integer pow needs a constant non-negative exponent", "native integer pow takes only a "
             "constant non-negative exponent; the samples raise to tensors", (torch.int64,)),
     Refusal("bitwise_not", r"bitwise not of an integer tensor", "Cuvil's IR has no integer bitwise not (bool "
@@ -119,7 +117,8 @@ UNMAPPED: dict[str, str] = {
     "aten.to.dtype_layout": _ZOO.format("BERT's and GPT2's mask `.to(dtype=...)`"),
     "aten.clamp_max.default": "OpInfo's clamp_max samples bound by tensors, which export as aten.clamp.Tensor "
                               "(no row), and no OpInfo decomposes to the scalar form",
-    "aten.pow.Scalar": "only logspace decomposes to it, and its decomposition computes in float64 (see NOT_RUN)",
+    "aten.pow.Scalar": "only logspace decomposes to it, in float64 on constants, which torch computes at import "
+                       "(frontend/static_values.py; tests/unit/test_static_values.py compiles logspace)",
     "aten.copy.default": "no OpInfo exports to it (a model's `x.copy_(y)` and `x[...] = y` do); tests/unit/"
                          "test_frontend.py::test_assignments_into_tensors_made_in_the_model compiles them against eager",
     "aten._assert_async.default": "no OpInfo exports to it (F.one_hot gives the .msg form); tests/unit/"

@@ -31,6 +31,13 @@ def test_float64_values_from_constants_are_torchs_own():
     torch.testing.assert_close(cuvil.compile(model)(x), model(x), rtol=0, atol=0)
 
 
+def test_logspace_which_torch_decomposes_in_float64():
+    def f(x):
+        return x * torch.logspace(-1, 2, x.shape[-1], base=3.0)
+    x = torch.randn(3, 7)
+    torch.testing.assert_close(cuvil.compile(f)(x), f(x))
+
+
 def test_float64_ops_on_a_dynamic_size_or_on_data_stay_refused():
     x = torch.randn(2, 16, 5, 6)
     with pytest.raises(cuvil.CuvilError, match="float64"):
