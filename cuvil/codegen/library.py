@@ -837,7 +837,8 @@ ATTENTION_PARALLEL = 8
 def sdpa(lw, op):
     """scaled_dot_product_attention per (batch entry, group of tiles of query rows): K^T and V
     packed once per group, then for each tile: scores = scale * Q K^T by GEMM into scratch, masked
-    softmax of each row in place, out = P V by GEMM."""
+    softmax of each row in place but for the division by the row's sum, out = P V by GEMM, and
+    each row of out divided by its sum (Ev products a row, where P's rows would take S)."""
     _require_f32(op, op.operands[:3])
     q, k, v = op.operands[:3]
     mask = op.operands[3] if len(op.operands) > 3 else None
@@ -861,6 +862,7 @@ def sdpa(lw, op):
     k_panels = _runtime_panels(lw, items, E, S) if packed else None
     v_panels = _runtime_panels(lw, items, S, Ev) if packed else None
     q_rows = None if id(q) in lw.inputs else lw.scratch(DType.f32, [items, ATTENTION_ROWS * E])
+    norms = lw.scratch(DType.f32, [items, ATTENTION_ROWS])     # 1 / each row's sum of weights
 
     def group(p):
         b, g = decompose(lw.known, p, [n_batch, groups])
@@ -876,6 +878,8 @@ def sdpa(lw, op):
         first = ATTENTION_ROWS * t
         rows = tile_extent(ATTENTION_ROWS, L, first) if tiles != 1 else L
         scores_at = BufRef(scores, p * ATTENTION_ROWS * S)
+        # causal: no row of the tile sees a key past its last row; those scores are not computed
+        keys = norm_dim(index_min(S, first + rows)) if op.attrs["is_causal"] else S
         if q_rows is None:
             q_at = BufRef(lw.inputs[id(q)], (b * L + first) * E)
         else:
@@ -883,10 +887,10 @@ def sdpa(lw, op):
                 Store(q_rows, [p, r * E + e], lw.value(q, batch_idx + [first + r, e])))))
             q_at = BufRef(q_rows, p * ATTENTION_ROWS * E)
         if kt is None:
-            lw.emit(Gemm(scores_at, q_at, BufRef(lw.inputs[id(k)], b * S * E), rows, S, E, E, E, S, trans_b=True,
+            lw.emit(Gemm(scores_at, q_at, BufRef(lw.inputs[id(k)], b * S * E), rows, keys, E, E, E, S, trans_b=True,
                          alpha=1.0 if scale is None else scale))
         else:
-            lw.emit(Gemm(scores_at, q_at, kt, rows, S, E, E, 0, S, b_panels=RUNTIME_PANEL))
+            lw.emit(Gemm(scores_at, q_at, kt, rows, keys, E, E, 0, S, b_panels=RUNTIME_PANEL))
 
         def row(r):
             i = first + r
@@ -909,27 +913,37 @@ def sdpa(lw, op):
             if op.attrs["is_causal"] or mask is not None:
                 # mask the row in place first: a masked select inside the max reduction becomes a
                 # conditional update that LLVM does not vectorise
-                lw.loop("j", S, lambda j: lw.emit(Store(scores, [p, r, j], logit(j))))
+                lw.loop("j", keys, lambda j: lw.emit(Store(scores, [p, r, j], logit(j))))
                 read = lambda j: Load(scores, [p, r, j])   # noqa: E731
-            top = lw.reduce("max", [("j", 0, S)], lambda jv: read(jv[0]), DType.f32)
-            # A fully masked row (max = -inf) attends to nothing: torch gives zeros, not NaN.
+            top = lw.reduce("max", [("j", 0, keys)], lambda jv: read(jv[0]), DType.f32)
+            # A fully masked row (max = -inf) attends to nothing: torch's sdpa gives zeros, softmax
+            # NaN (masked_rows = "nan": exp(-inf - -inf) is NaN, and so is all that follows)
             zero = const(0.0, DType.f32)
-            top = lw.let(call("select", call("eq", top, Const(-math.inf, DType.f32)), zero, top), "top")
+            nan_rows = op.attrs["masked_rows"] == "nan"
+            if not nan_rows:
+                top = lw.let(call("select", call("eq", top, Const(-math.inf, DType.f32)), zero, top), "top")
 
             def unnormalised(jv):   # exp(logit - max), kept in the scores row for the scaling pass
                 e = lw.let(call("exp_ftz", call("sub", read(jv[0]), top)), "e")
                 lw.emit(Store(scores, [p, r, jv[0]], e))
                 return e
-            total = lw.reduce("sum", [("j", 0, S)], unnormalised, DType.f32)
-            inv = lw.let(call("select", call("eq", total, zero), zero, call("div", const(1.0, DType.f32), total)),
-                         "inv")
-            lw.loop("j", S, lambda j: lw.emit(Store(scores, [p, r, j], call("mul", Load(scores, [p, r, j]), inv))))
+            total = lw.reduce("sum", [("j", 0, keys)], unnormalised, DType.f32)
+            inv = call("div", const(1.0, DType.f32), total)
+            # the weights stay unnormalised: the product's rows are scaled instead (Ev, not S, of them)
+            lw.emit(Store(norms, [p, r], inv if nan_rows else call("select", call("eq", total, zero), zero, inv)))
         lw.loop("r", rows, row)
         out_at = BufRef(T, (b * L + first) * Ev)
         if vp is None:
-            lw.emit(Gemm(out_at, scores_at, BufRef(lw.inputs[id(v)], b * S * Ev), rows, Ev, S, S, Ev, Ev))
-        else:
+            lw.emit(Gemm(out_at, scores_at, BufRef(lw.inputs[id(v)], b * S * Ev), rows, Ev, keys, S, Ev, Ev))
+        elif keys == S:
             lw.emit(Gemm(out_at, scores_at, vp, rows, Ev, S, S, 0, Ev, b_panels=RUNTIME_PANEL))
+        else:   # a panel's rows are S apart: one product per panel, over its first `keys` rows
+            for pp in range(-(-Ev // RUNTIME_PANEL)):
+                lw.emit(Gemm(BufRef(T, out_at.offset + RUNTIME_PANEL * pp), scores_at,
+                             BufRef(vp.buf, vp.offset + pp * S * RUNTIME_PANEL), rows,
+                             min(RUNTIME_PANEL, Ev - RUNTIME_PANEL * pp), keys, S, 0, Ev, b_panels=RUNTIME_PANEL))
+        lw.loop("r", rows, lambda r: lw.loop("e", Ev, lambda e: lw.emit(Store(
+            T, batch_idx + [first + r, e], call("mul", Load(T, batch_idx + [first + r, e]), Load(norms, [p, r]))))))
         _epilogue(lw, [(i, 1) for i in batch_idx] + [(first, rows), (0, Ev)])
     lw.loop("p", items, group, parallel=True)
 

@@ -25,6 +25,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "dce": "cuvil.passes.dce",
     "fold-batchnorm": "cuvil.passes.fold_batchnorm",
     "fold-constants": "cuvil.passes.fold_constants",
+    "fuse-attention": "cuvil.passes.fuse_attention",
     "concat-linears": "cuvil.passes.concat_linears",
     "layout": "cuvil.passes.layout",
     "fuse": "cuvil.passes.fuse",

@@ -1,6 +1,8 @@
 """Neural-network ops: linear, matmul, conv2d, pooling, normalisations, embedding, attention."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -450,10 +452,12 @@ class EmbeddingOp(OpDef):
 
 @register_op
 class SdpaOp(OpDef):
-    """scaled_dot_product_attention on `[..., L, E]` queries; a bool mask keeps, a float mask is added."""
+    """scaled_dot_product_attention on `[..., L, E]` queries; a bool mask keeps, a float mask is added.
+    A row with every score masked (or -inf) gives zeros (`masked_rows = "zero"`, torch's sdpa) or
+    NaN (`"nan"`: softmax's, for attention written out and fused by `fuse-attention`)."""
     name = "cuvil.sdpa"
     operands = ("q", "k", "v", "mask?")
-    attrs = {"is_causal": optional("bool", False), "scale": optional("float?")}
+    attrs = {"is_causal": optional("bool", False), "scale": optional("float?"), "masked_rows": optional("str", "zero")}
     tags = frozenset({"opaque"})
     amp = "always"
 
@@ -464,6 +468,8 @@ class SdpaOp(OpDef):
         require_same_dtype([q, k, v])
         if not q.rank == k.rank == v.rank >= 2:
             raise ValueError(f"q, k, v must have one rank >= 2, got {types_str(types)}")
+        if attrs["masked_rows"] not in ("zero", "nan"):
+            raise ValueError(f"masked_rows must be 'zero' or 'nan', got {attrs['masked_rows']!r}")
         batch_ok = all(dims_equal(a, b) and dims_equal(a, c) for a, b, c in zip(q.shape[:-2], k.shape, v.shape))
         if not (batch_ok and dims_equal(q.shape[-1], k.shape[-1]) and dims_equal(k.shape[-2], v.shape[-2])):
             raise ValueError(f"q, k, v shapes do not fit [..., L, E], [..., S, E], [..., S, Ev]: {types_str(types)}")
@@ -479,6 +485,15 @@ class SdpaOp(OpDef):
 
     @staticmethod
     def evaluate(attrs, q, k, v, mask=None):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=attrs["is_causal"],
-                                              scale=attrs["scale"])
+        if attrs["masked_rows"] == "zero":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=attrs["is_causal"],
+                                                  scale=attrs["scale"])
+        scale = attrs["scale"] if attrs["scale"] is not None else 1 / math.sqrt(q.shape[-1])
+        scores = q @ k.transpose(-2, -1) * scale
+        if attrs["is_causal"]:
+            L, S = scores.shape[-2:]
+            mask = torch.ones(L, S, dtype=torch.bool).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+        return torch.softmax(scores, -1) @ v
 
