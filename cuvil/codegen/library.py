@@ -22,6 +22,7 @@ GEMM otherwise.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import sympy
@@ -829,9 +830,11 @@ def _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows=None, epilogue: bo
 
 
 ATTENTION_ROWS = 64     # query rows per attention tile
-# parallel work items an attention wants at least (batch entries times groups of query tiles): the
-# runtime's threads are not known when it compiles
-ATTENTION_PARALLEL = 8
+# parallel work items an attention wants at least (batch entries times groups of query tiles, each
+# group packing K^T and V once): the runtime's threads are not known when it compiles, but by
+# default it runs one a usable core, so this machine's count (2 to 8). With 4 heads at 128 tokens,
+# 8 items packed each head twice: BERT-small's attention 0.20 -> 0.18 ms at 2 items (1 thread).
+ATTENTION_PARALLEL = min(8, max(2, len(os.sched_getaffinity(0))))
 
 
 def sdpa(lw, op):
