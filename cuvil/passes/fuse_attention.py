@@ -15,8 +15,9 @@ Each intermediate must have no other user (attention weights a model also return
 out). The scale becomes sdpa's multiplication: s / c and s * (1/c) can differ in the last bit.
 softmax of a row that is -inf throughout is NaN and sdpa's default is 0: the fused op keeps
 softmax's NaN (`masked_rows = "nan"`). A constant mask that is exactly the causal one (0 on and
-below the diagonal, -inf or the lowest float above) becomes `is_causal`: the kernel then computes
-no score above the diagonal.
+below the diagonal, -inf or the lowest float above; or a bool mask true on and below it, as torch's
+own sdpa gets from Hugging Face's "sdpa" attention) becomes `is_causal`: the kernel then computes no
+score above the diagonal.
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ from .rewrite import Rewriter, constant_data, producer, splat_value
 @register_pass
 @dataclass(frozen=True)
 class FuseAttentionPass(ModulePass):
-    """Rewrite matmul -> [scale] -> [+ mask] -> softmax -> matmul into one `cuvil.sdpa`.
+    """Rewrite matmul -> [scale] -> [+ mask] -> softmax -> matmul into one `cuvil.sdpa`, and an
+    sdpa with a constant causal mask into one with `is_causal`.
 
-    Statistics: `fused` (of them `causal`: the mask was the causal one), and the softmax-then-matmul
-    pairs left alone, by reason."""
+    Statistics: `fused`, `causal` (sdpa ops whose mask was the causal one, fused here or imported),
+    and the softmax-then-matmul pairs left alone, by reason."""
     name = "fuse-attention"
     priority = 83
     requires = frozenset({"verified"})
@@ -50,6 +52,8 @@ class FuseAttentionPass(ModulePass):
         for fn in module.functions.values():
             rw = Rewriter(module, fn)
             for op in list(fn.ops):
+                if rw.alive(op) and op.name == "cuvil.sdpa":
+                    causal += _mask_to_causal(rw, op)
                 if not rw.alive(op) or op.name != "cuvil.matmul":
                     continue
                 found = _match(module, op)
@@ -148,11 +152,24 @@ def _fuse(rw: Rewriter, out: Operation, a: Attention) -> bool:
     return causal
 
 
+def _mask_to_causal(rw: Rewriter, op: Operation) -> bool:
+    """An sdpa (torch's own, imported) whose mask is a constant causal one: the same without the
+    mask, `is_causal`. Whether it was rewritten."""
+    q, k, v, *mask = op.operands
+    if not mask or not _is_causal(rw.module, mask[0], q.type.shape[-2], k.type.shape[-2]):
+        return False
+    fused = rw.create(op, "cuvil.sdpa", [q, k, v], {**op.attrs, "is_causal": True})
+    rw.replace(op, [fused.result])
+    return True
+
+
 def _is_causal(module: Module, mask: Value, L, S) -> bool:
-    """Whether `mask` is a constant that is 0 where key <= query and -inf or the lowest float
-    elsewhere (Hugging Face's masks), over the whole [L, S] of the scores (it may have leading dims
-    of 1). Added to a row's finite scores, either lowest value weighs exactly 0 after softmax: the
-    row's own key keeps its maximum finite, and exp(lowest - maximum) is 0 in f32."""
+    """Whether `mask` is a constant that keeps exactly the keys at or before each query, over the
+    whole [L, S] of the scores (it may have leading dims of 1): True there for a bool mask (torch's
+    sdpa, Hugging Face's "sdpa" attention); for a float one 0 there and -inf or the lowest float
+    elsewhere (Hugging Face's masks). Added to a row's finite scores, either lowest value weighs
+    exactly 0 after softmax: the row's own key keeps its maximum finite, and exp(lowest - maximum)
+    is 0 in f32."""
     data = constant_data(module, mask)
     if data is None or not isinstance(L, int) or not isinstance(S, int) or data.shape[-2:] != (L, S):
         return False
@@ -160,5 +177,7 @@ def _is_causal(module: Module, mask: Value, L, S) -> bool:
         return False
     data = data.reshape(L, S)
     above = torch.ones(L, S, dtype=torch.bool).triu(1)
+    if data.dtype == torch.bool:
+        return torch.equal(data, ~above)
     lowest = (data == -math.inf) | (data == torch.finfo(data.dtype).min)
     return bool(torch.equal(lowest, above) and (data[~above] == 0).all())

@@ -137,3 +137,22 @@ def test_a_constant_mask_is_causal_only_when_it_is_exactly_so(fill, causal):
     compiled = cuvil.compile(Attention())
     torch.testing.assert_close(compiled(q, k, v), Attention()(q, k, v), rtol=1e-5, atol=1e-5)
     assert _stats(compiled)["causal"] == int(causal)
+
+
+@pytest.mark.parametrize("kind", ["tril", "tril-but-one", "float"])
+def test_torch_sdpa_with_a_constant_causal_mask_becomes_causal(kind):
+    # Hugging Face's "sdpa" attention passes torch's sdpa a causal mask it built from sizes alone
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+            if kind == "tril-but-one":
+                keep[5, 2] = False
+            mask = keep if kind != "float" else torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = _heads(2, 80)
+    compiled = cuvil.compile(Attention())
+    torch.testing.assert_close(compiled(q, k, v), Attention()(q, k, v), rtol=1e-5, atol=1e-5)
+    (line,) = _sdpa_lines(compiled)
+    assert ("is_causal = true" in line) == (kind != "tril-but-one")
+    assert _stats(compiled) == {"fused": 0, "causal": int(kind != "tril-but-one"), "refused": {}}
