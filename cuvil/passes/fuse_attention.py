@@ -2,7 +2,8 @@
 
     s = matmul(q, kT)           kT: k with its last two dims swapped (a permute)
     s = s / c  or  s * c        optional, c a scalar
-    s = s + mask                optional, a float mask that broadcasts to the scores
+    s = s + mask                optional, a float mask that broadcasts to the scores; or
+    s = where(keep, s, -inf)    a bool one (`masked_fill(~keep, -inf)`, as nanoGPT writes it)
     out = matmul(softmax(s, dim=-1), v)
     ->  out = sdpa(q, permute(kT), v, mask, scale=1/c or c, masked_rows="nan")
 
@@ -30,6 +31,7 @@ import torch
 from ..ir.core import Module, Operation, Value
 from ..ir.types import DType, dims_equal
 from .base import ModulePass
+from .fold_constants import add_constant
 from .registry import register_pass
 from .rewrite import Rewriter, constant_data, producer, splat_value
 
@@ -73,6 +75,7 @@ class Attention:
     v: Value
     mask: Value | None
     scale: float
+    masks_where_true: bool = False      # a bool mask that says where -inf goes, not what is kept
 
 
 def _only_use(v: Value, user: Operation) -> bool:
@@ -91,10 +94,22 @@ def _match(module: Module, out: Operation) -> Attention | str:
         return "softmax-not-over-keys"
     if not _only_use(probs, out):
         return "probabilities-used-elsewhere"
-    chain, mask, scale = softmax, None, 1.0
+    chain, mask, scale, masks_where_true = softmax, None, 1.0, False
     s = scores
     step = producer(s)
-    if step is not None and step.name == "cuvil.add":
+    if step is not None and step.name == "cuvil.where":
+        if not _only_use(s, chain):
+            return "scores-used-elsewhere"
+        cond, a, b = step.operands
+        masks_where_true = splat_value(module, a) == -math.inf and a.type.rank == 0
+        first = b if masks_where_true else a
+        fill = a if masks_where_true else b
+        if fill.type.rank != 0 or splat_value(module, fill) != -math.inf:
+            return "mask-fill-not-minus-inf"
+        if cond.type.dtype is not DType.bool or not _same_shape(first, s):
+            return "mask-shape-or-dtype"
+        mask, chain, s, step = cond, step, first, producer(first)
+    elif step is not None and step.name == "cuvil.add":
         if not _only_use(s, chain):
             return "scores-used-elsewhere"
         a, b = step.operands
@@ -125,7 +140,7 @@ def _match(module: Module, out: Operation) -> Attention | str:
     if len(ranks) != 1 or q.type.rank < 3 or not all(
             dims_equal(a, b) and dims_equal(a, c) for a, b, c in zip(q.type.shape[:-2], kt.type.shape, v.type.shape)):
         return "batch-dims-differ"
-    return Attention(q, kt, v, mask, scale)
+    return Attention(q, kt, v, mask, scale, masks_where_true)
 
 
 def _scores_side(v: Value) -> bool:
@@ -144,12 +159,23 @@ def _fuse(rw: Rewriter, out: Operation, a: Attention) -> bool:
     """Replace `out` by the sdpa of `a`; whether its mask was the causal one."""
     rank = a.kt.type.rank
     k = rw.create(out, "cuvil.permute", [a.kt], {"perm": [*range(rank - 2), rank - 1, rank - 2]}).result
-    causal = a.mask is not None and _is_causal(rw.module, a.mask, a.q.type.shape[-2], a.kt.type.shape[-1])
-    operands = [a.q, k, a.v] + ([a.mask] if a.mask is not None and not causal else [])
+    mask = _kept(rw, out, a.mask) if a.masks_where_true else a.mask
+    causal = mask is not None and _is_causal(rw.module, mask, a.q.type.shape[-2], a.kt.type.shape[-1])
+    operands = [a.q, k, a.v] + ([mask] if mask is not None and not causal else [])
     attrs = {"scale": a.scale, "is_causal": causal, "masked_rows": "nan"}
     fused = rw.create(out, "cuvil.sdpa", operands, attrs)
     rw.replace(out, [fused.result])
     return causal
+
+
+def _kept(rw: Rewriter, before: Operation, masked: Value) -> Value:
+    """The keys kept where `masked` says which get -inf: a new constant for a constant, else its
+    logical_not."""
+    data = constant_data(rw.module, masked)
+    if data is None:
+        return rw.create(before, "cuvil.logical_not", [masked]).result
+    name = add_constant(rw.module, f"{producer(masked).attrs.get('name', 'mask')}.kept", ~data)
+    return rw.create(before, "cuvil.const", attrs={"name": name}, result_types=[masked.type]).result
 
 
 def _mask_to_causal(rw: Rewriter, op: Operation) -> bool:

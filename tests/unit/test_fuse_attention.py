@@ -156,3 +156,48 @@ def test_torch_sdpa_with_a_constant_causal_mask_becomes_causal(kind):
     (line,) = _sdpa_lines(compiled)
     assert ("is_causal = true" in line) == (kind != "tril-but-one")
     assert _stats(compiled) == {"fused": 0, "causal": int(kind != "tril-but-one"), "refused": {}}
+
+
+class NanoGPTAttention(torch.nn.Module):
+    """nanoGPT's attention: a tril buffer, sliced to the sequence, masked_fill with -inf."""
+
+    def __init__(self, fill=-math.inf):
+        super().__init__()
+        self.fill = fill
+        self.register_buffer("bias", torch.tril(torch.ones(128, 128)).view(1, 1, 128, 128))
+
+    def forward(self, q, k, v):
+        T = q.shape[-2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, self.fill)
+        return torch.softmax(att, dim=-1) @ v
+
+
+@pytest.mark.parametrize("fill,fused", [(-math.inf, True), (torch.finfo(torch.float32).min, False)])
+def test_nanogpt_masked_fill(fill, fused):
+    # a masked_fill with -inf is sdpa's bool mask (here the causal one); with the lowest float a
+    # row masked throughout would be uniform, not NaN: left written out
+    q, k, v = _heads(2, 100)
+    model = NanoGPTAttention(fill)
+    compiled = cuvil.compile(model)
+    torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-5, atol=1e-5)
+    expected = {"fused": 1, "causal": 1, "refused": {}} if fused else \
+        {"fused": 0, "causal": 0, "refused": {"mask-fill-not-minus-inf": 1}}
+    assert _stats(compiled) == expected
+
+
+@pytest.mark.parametrize("form", ["masked_fill", "where-keep"])
+def test_a_bool_mask_given_at_run_time(form):
+    def attention(q, k, v, m):
+        s = q @ k.transpose(-2, -1) * 0.25
+        s = s.masked_fill(m, -math.inf) if form == "masked_fill" else torch.where(m, s, -math.inf)
+        return torch.softmax(s, dim=-1) @ v
+
+    q, k, v = _heads(1, 50)
+    m = torch.rand(1, 1, 50, 50) > 0.6
+    m[..., 7, :] = form == "masked_fill"      # query 7 sees no key: NaN in both forms
+    compiled = cuvil.compile(attention)
+    out, ref = compiled(q, k, v, m), attention(q, k, v, m)
+    assert ref[..., 7, :].isnan().all()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert _stats(compiled) == {"fused": 1, "causal": 0, "refused": {}}
