@@ -137,7 +137,7 @@ def _match(module: Module, out: Operation) -> Attention | str:
     if not all(t.type.dtype is DType.f32 for t in (q, kt, v)):
         return "not-f32"
     ranks = {q.type.rank, kt.type.rank, v.type.rank}
-    if len(ranks) != 1 or q.type.rank < 3 or not all(
+    if len(ranks) != 1 or not all(
             dims_equal(a, b) and dims_equal(a, c) for a, b, c in zip(q.type.shape[:-2], kt.type.shape, v.type.shape)):
         return "batch-dims-differ"
     return Attention(q, kt, v, mask, scale, masks_where_true)

@@ -201,3 +201,14 @@ def test_a_bool_mask_given_at_run_time(form):
     assert ref[..., 7, :].isnan().all()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
     assert _stats(compiled) == {"fused": 1, "causal": 0, "refused": {}}
+
+
+@pytest.mark.parametrize("L", [10, 70])
+def test_one_head_without_batch_dims(L):
+    def attention(q, k, v):
+        return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+    q, k, v = torch.randn(L, 16), torch.randn(L, 16), torch.randn(L, 24)
+    compiled = cuvil.compile(attention)
+    torch.testing.assert_close(compiled(q, k, v), attention(q, k, v), rtol=1e-5, atol=1e-5)
+    assert _stats(compiled)["fused"] == 1
