@@ -275,6 +275,11 @@ def t(L: Lowering, x):
     return transpose(L, x, 0, 1) if x.type.rank == 2 else x
 
 
+def numpy_t(L: Lowering, x):
+    """`x.T`: the dims reversed (Falcon's attention)."""
+    return x if x.type.rank < 2 else L.op("cuvil.permute", x, perm=list(range(x.type.rank))[::-1])
+
+
 def slice_(L: Lowering, x, dim=0, start=None, end=None, step=1):
     dim = L.axis(dim, x.type.rank)
     size = x.type.shape[dim]
@@ -383,6 +388,12 @@ def cat(L: Lowering, xs, dim=0):
     kept = [x for x in xs if not (x.type.rank == 1 and x.type.shape[0] == 0)] or xs[:1]   # torch skips empty 1-d
     xs = [L.cast(x, dtype) for x in kept]
     return xs[0] if len(xs) == 1 else L.op("cuvil.cat", *xs, dim=L.axis(dim, rank))
+
+
+def stack(L: Lowering, xs, dim=0):
+    """Each tensor given a new dim of size 1 there, then joined along it (GPT-J's rotary embeddings)."""
+    dim = L.axis(dim, xs[0].type.rank + 1)
+    return cat(L, [L.op("cuvil.unsqueeze", x, dim=dim) for x in xs], dim)
 
 
 def diff(L: Lowering, x, n=1, dim=-1, prepend=None, append=None):
@@ -961,7 +972,19 @@ def addmm(L: Lowering, bias, a, b, beta=1, alpha=1):
     """bias*beta + (a @ b)*alpha; the plain case (1-d bias, beta = alpha = 1) is a linear."""
     if beta == 1 and alpha == 1 and bias.type.rank == 1:
         return gemm_op(L, "cuvil.linear", a, transpose(L, b, 0, 1), bias)
-    return binary("cuvil.add")(L, _times(L, bias, beta), _times(L, gemm_op(L, "cuvil.matmul", a, b), alpha))
+    return _plus_product(L, bias, gemm_op(L, "cuvil.matmul", a, b), beta, alpha)
+
+
+def baddbmm(L: Lowering, bias, a, b, beta=1, alpha=1):
+    """bias*beta + (a @ b)*alpha over a batch (BLOOM adds its ALiBi biases to the scores so)."""
+    return _plus_product(L, bias, gemm_op(L, "cuvil.matmul", a, b), beta, alpha)
+
+
+def _plus_product(L: Lowering, bias, product, beta, alpha):
+    """As torch computes addmm and baddbmm: with beta = 0 the bias is not read at all (its NaN and
+    inf do not reach the result)."""
+    scaled = _times(L, product, alpha)
+    return scaled if beta == 0 else binary("cuvil.add")(L, _times(L, bias, beta), scaled)
 
 
 def _times(L: Lowering, x, factor):
@@ -978,8 +1001,6 @@ def conv2d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, g
 
 def conv1d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """A 1-d convolution as a 2-d one over images one row high: [N, C, L] -> [N, C, 1, L]."""
-    if isinstance(padding, str):
-        L.unsupported(f"conv1d with padding='{padding}' (torch.export gives the explicit padding)")
     row = x.type.rank - 1            # the new height axis: before the length, batched or not
     out = conv2d(L, L.op("cuvil.unsqueeze", x, dim=row), L.op("cuvil.unsqueeze", weight, dim=2), bias,
                  [1, _single(stride)], [0, _single(padding)], [1, _single(dilation)], groups)
@@ -995,6 +1016,26 @@ def convolution(L: Lowering, x, weight, bias, stride, padding, dilation, transpo
     if transposed:
         return conv_transpose(L, x, weight, bias, stride, padding, output_padding, groups, dilation)
     return {3: conv1d, 4: conv2d, 5: conv3d}[weight.type.rank](L, x, weight, bias, stride, padding, dilation, groups)
+
+
+def padded_by_name(conv, dims: int):
+    """The `.padding` overload of conv1d/2d/3d, whose padding is "valid" (none) or "same" (the
+    output as large as the input, stride 1): dilation * (k - 1) in all along each axis, half of it
+    before (rounded down) and the rest after, as torch pads (an odd total's extra element goes
+    last). Imported directly: without this row the whole model went through `run_decompositions`
+    (EfficientNet's 273 such convolutions: 5.3 s of a 7.2 s import)."""
+    def row(L: Lowering, x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1):
+        if padding == "valid":
+            return conv(L, x, weight, bias, stride, 0, dilation, groups)
+        kernel = weight.type.shape[-dims:]
+        if padding != "same" or not all(isinstance(k, int) for k in kernel):
+            L.unsupported(f"conv{dims}d with padding='{padding}' and kernel {list(kernel)}")
+        dilation = [dilation] * dims if isinstance(dilation, int) else list(dilation) * (dims // len(dilation))
+        totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        if any(t % 2 for t in totals):      # the extra element after, last axis first (F.pad's order)
+            x = pad(L, x, [a for t in reversed(totals) for a in (0, t % 2)])
+        return conv(L, x, weight, bias, stride, [t // 2 for t in totals], dilation, groups)
+    return row
 
 
 # ----------------------------------------------------------------------------- 3-d windows as 2-d ones
@@ -1054,8 +1095,6 @@ def _fold(L: Lowering, name: str, values):
 
 @_unbatched_3d
 def conv3d(L: Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    if isinstance(padding, str):
-        L.unsupported(f"conv3d with padding='{padding}' (torch.export gives the explicit padding)")
     stride, padding, dilation = _triple(stride), _triple(padding), _triple(dilation)
     out_c, in_g, kd, kh, kw = weight.type.shape
     taps, depth = _depth_taps(L, x, kd, stride[0], padding[0], dilation[0], 0.0)
@@ -1204,6 +1243,14 @@ def pixel_unshuffle(L: Lowering, x, r):
 def max_pool2d(L: Lowering, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     return L.op("cuvil.max_pool2d", x, kernel=pair(kernel), stride=pair(stride or kernel), padding=pair(padding),
                 dilation=pair(dilation), ceil_mode=ceil_mode)
+
+
+def max_pool1d(L: Lowering, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """As a 2-d pool over rows one high: [N, C, L] -> [N, C, 1, L] (see conv1d)."""
+    row = x.type.rank - 1
+    out = max_pool2d(L, L.op("cuvil.unsqueeze", x, dim=row), [1, _single(kernel)], [1, _single(stride or kernel)],
+                     [0, _single(padding)], [1, _single(dilation)], ceil_mode)
+    return L.op("cuvil.squeeze", out, dims=[row])
 
 
 def max_pool2d_with_indices(L: Lowering, *args):
@@ -1662,9 +1709,13 @@ ATEN_TABLE = {
     aten.bmm.default: matmul,
     aten.einsum.default: einsum,
     aten.addmm.default: addmm,
+    aten.baddbmm.default: baddbmm,
     aten.conv1d.default: conv1d,
     aten.conv2d.default: conv2d,
     aten.conv3d.default: conv3d,
+    aten.conv1d.padding: padded_by_name(conv1d, 1),
+    aten.conv2d.padding: padded_by_name(conv2d, 2),
+    aten.conv3d.padding: padded_by_name(conv3d, 3),
     aten.max_pool3d.default: max_pool3d,
     aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
     aten.avg_pool3d.default: avg_pool3d,
@@ -1675,6 +1726,7 @@ ATEN_TABLE = {
     aten.conv_transpose2d.input: conv_transpose,
     aten.conv_transpose3d.input: conv_transpose,
     aten.max_pool2d.default: max_pool2d,
+    aten.max_pool1d.default: max_pool1d,
     **RESAMPLING,
     aten.pixel_shuffle.default: pixel_shuffle,
     aten.pixel_unshuffle.default: pixel_unshuffle,
@@ -1700,12 +1752,14 @@ ATEN_TABLE = {
     aten.permute.default: permute,
     aten.transpose.int: transpose,
     aten.t.default: t,
+    aten.numpy_T.default: numpy_t,
     aten.slice.Tensor: slice_,
     aten.select.int: select,
     aten.split_with_sizes.default: split,
     aten.split.Tensor: split,
     aten.chunk.default: split,
     aten.cat.default: cat,
+    aten.stack.default: stack,
     aten.pad.default: pad,
     aten.flip.default: flip,
     aten.diff.default: diff,

@@ -176,6 +176,17 @@ WITHOUT_DECOMPOSITIONS = {
         hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, conv_dim=(32, 32),
         conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)),
         torch.randn(1, 4000, generator=torch.Generator().manual_seed(9)), {}),   # weight_norm
+    "efficientnet": (lambda: transformers.EfficientNetModel(transformers.EfficientNetConfig(
+        image_size=64, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320)), _IMAGE,
+        {}),                                                                # conv2d(padding="same")
+    "bloom": (lambda: transformers.BloomModel(transformers.BloomConfig(hidden_size=64, n_layer=2, n_head=2,
+                                                                       vocab_size=100)),
+              _IDS, {"use_cache": False}),                                 # baddbmm
+    "falcon": (lambda: transformers.FalconModel(transformers.FalconConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, vocab_size=100)), _IDS, {"use_cache": False}),  # x.T
+    "gptj": (lambda: transformers.GPTJModel(transformers.GPTJConfig(n_embd=64, n_layer=2, n_head=2, rotary_dim=16,
+                                                                    vocab_size=100)),
+             _IDS, {"use_cache": False}),                                  # torch.stack
 }
 
 

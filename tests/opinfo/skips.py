@@ -89,6 +89,11 @@ _ZOO = ("no OpInfo sample exports to it; the Hugging Face zoo models (tests/diff
         "through {}")
 
 UNMAPPED: dict[str, str] = {
+    "aten.max_pool2d_with_indices.default": _DECOMPOSED.format("aten.max_pool2d.default and aten.max_pool1d.default")
+                                            + "; samples asking for the indices are refused (POOL_INDICES)",
+    "aten.conv2d.padding": "nn.functional.conv2d's OpInfo samples give the padding as numbers (conv1d's and "
+                           "conv3d's give 'same' and 'valid'); tests/unit/test_frontend.py::"
+                           "test_conv2d_padding_by_name compiles both against eager",
     "aten._upsample_bilinear2d_aa.vec": "OpInfo's interpolate samples never set antialias=True; "
                                         "tests/codegen/test_resample.py compares it with eager",
     "aten._upsample_bicubic2d_aa.vec": "as _upsample_bilinear2d_aa: no antialiased OpInfo sample; "

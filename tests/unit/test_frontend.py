@@ -138,6 +138,68 @@ def test_ops_imported_without_decompositions():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
+CONV_PADDING_BY_NAME = [((1, 3, 9, 10), (4, 3, 3, 3), {"padding": "same"}),
+                        ((2, 4, 8, 7), (6, 2, 4, 2), {"padding": "same", "groups": 2}),     # even kernels: one more after
+                        ((1, 3, 9, 10), (5, 3, 3, 2), {"padding": "same", "dilation": (2, 3)}),
+                        ((1, 3, 9, 10), (5, 3, 3, 4), {"padding": "valid", "stride": 2}),
+                        ((3, 9, 10), (5, 3, 2, 3), {"padding": "same"})]                 # unbatched
+
+
+@pytest.mark.parametrize("x_shape,w_shape,options", CONV_PADDING_BY_NAME,
+                         ids=[str(o) for *_, o in CONV_PADDING_BY_NAME])
+def test_conv2d_padding_by_name(x_shape, w_shape, options):
+    """padding="same" / "valid" (TensorFlow ports: EfficientNet) imports directly, against eager,
+    with no `run_decompositions`; an even kernel pads its extra element after, as torch does."""
+    from cuvil.frontend.export import capture, needs_decomposition
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(x_shape, generator=g), torch.randn(w_shape, generator=g), torch.randn(w_shape[0], generator=g)
+
+    def f(x):
+        return F.conv2d(x, w, b, **options)
+
+    assert not needs_decomposition(capture(f, (x,)).program)
+    torch.testing.assert_close(cuvil.compile(f, cache=False)(x), f(x), rtol=1e-5, atol=1e-5)
+
+
+def test_max_pool1d_imports_directly_and_through_its_indices_form():
+    """`F.max_pool1d` (CANINE's downsampling) imports as a 2-d pool over rows one high, without
+    `run_decompositions`; asked for its indices, it decomposes to max_pool2d_with_indices, whose
+    values Cuvil computes (the indices unused here)."""
+    from cuvil.frontend.export import capture, needs_decomposition
+    x = torch.randn(2, 5, 17, generator=torch.Generator().manual_seed(2))
+
+    def direct(x):
+        return F.max_pool1d(x, 4, stride=3, padding=1, ceil_mode=True), F.max_pool1d(x[0], 3, dilation=2)
+
+    def through_indices(x):
+        return F.max_pool1d(x, 3, stride=2, return_indices=True)[0] * 2
+
+    assert not needs_decomposition(capture(direct, (x,)).program)
+    for got, want in zip(cuvil.compile(direct, cache=False)(x), direct(x)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    decomposed = capture(through_indices, (x,)).program.graph.nodes
+    assert torch.ops.aten.max_pool2d_with_indices.default in {n.target for n in decomposed}
+    torch.testing.assert_close(cuvil.compile(through_indices, cache=False)(x), through_indices(x), rtol=0, atol=0)
+
+
+def test_baddbmm_stack_and_numpy_t_import_directly():
+    """BLOOM's `baddbmm` (ALiBi added to the scores), GPT-J's `torch.stack` and Falcon's `x.T`
+    import without `run_decompositions`; with beta = 0, addmm and baddbmm do not read the bias, so
+    its NaN does not reach the result (as in eager)."""
+    from cuvil.frontend.export import capture, needs_decomposition
+
+    def f(bias, a, b):
+        return (torch.baddbmm(bias, a, b, beta=0.5, alpha=0.25), torch.baddbmm(bias.nan_to_num(), a, b),
+                torch.baddbmm(bias * torch.nan, a, b, beta=0), torch.addmm(bias[0] * torch.nan, a[0], b[0], beta=0.0),
+                torch.stack([a[0], a[1] * 2], -1), torch.stack([a[0], a[1]]), a.T)
+
+    g = torch.Generator().manual_seed(3)
+    xs = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 5, generator=g), torch.randn(2, 5, 4, generator=g)
+    assert not needs_decomposition(capture(f, xs).program)
+    for got, want in zip(cuvil.compile(f, cache=False)(*xs), f(*xs)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 EINSUMS = [("bind,bjnd->bnij", [(2, 5, 3, 4), (2, 6, 3, 4)]),      # Funnel's attention scores
            ("td,dnh->tnh", [(7, 8), (8, 3, 4)]), ("ij->ji", [(3, 4)]), ("ij->i", [(3, 4)]), ("ij,jk", [(3, 4), (4, 5)]),
            ("...ij,...jk->...ik", [(2, 3, 4), (4, 5)]), ("i,i->", [(5,), (5,)]), ("i,j->ij", [(3,), (4,)]),
