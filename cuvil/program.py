@@ -209,8 +209,9 @@ class ProgramDraft:
         if sorted(order) != list(range(len(self.lowered))):
             raise CuvilError(f"internal error: {order} is not an order of {len(self.lowered)} steps")
         position = {old: new for new, old in enumerate(order)}
+        deps = self.data_deps()
         for new, old in enumerate(order):
-            if any(position[d] > new for d in self.data_deps()[old]):
+            if any(position[d] > new for d in deps[old]):
                 raise CuvilError(f"internal error: order {order} runs step {old} before a step it reads from")
         self.lowered = [self.lowered[i] for i in order]
         self.anchors_us = {position[k]: v for k, v in self.anchors_us.items()}

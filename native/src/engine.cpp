@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "fp_modes.h"
 #include "pool.h"
 
 namespace cuvil {
@@ -279,8 +280,9 @@ struct CallLayout {
 class Call final : public TaskSource, public std::enable_shared_from_this<Call> {
 public:
     // `layout` is read only by tasks, and every task ends before Engine::run returns.
+    // Made on the calling thread: its floating-point modes are the ones the workers take on.
     Call(const Engine& engine, const CallLayout& layout, std::vector<StepTiming>* profile)
-        : profile(profile), e_(engine), l_(layout) {}
+        : profile(profile), e_(engine), l_(layout), fp_modes_(fp_modes()) {}
 
     std::vector<StepTiming>* const profile;
 
@@ -350,6 +352,7 @@ public:
             std::lock_guard<std::mutex> lock(mutex_);
             if (!pop(t, worker)) return;
         }
+        FpModesScope modes(fp_modes_);
         drive(t, worker);
     }
 
@@ -419,6 +422,7 @@ private:
     int steps_left_ = 0;
     int inflight_ = 0;
     std::atomic<uint64_t> progress_{0};  // tasks finished (changed under mutex_; polled without it)
+    const uint64_t fp_modes_;
 };
 
 // ---------------------------------------------------------------------------------------------

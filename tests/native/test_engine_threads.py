@@ -168,3 +168,34 @@ def test_a_chunk_runs_where_the_same_chunk_of_the_step_before_ran(jitted, pool_t
         if same >= 32:
             break
     assert max(counts) >= 32, f"chunks kept their worker in {counts} of 40 calls per round"
+
+
+def test_workers_run_chunks_under_the_callers_floating_point_modes(jitted, pool_threads):
+    """`torch.set_flush_denormal(True)` sets flush-to-zero and denormals-are-zero on the calling
+    thread: the chunks the pool's workers run get them too (a denormal plus 0 is 0 in every chunk),
+    and the workers' own modes are back for the next call (the denormal is kept everywhere)."""
+    pool_threads(2)
+    n = 1 << 20
+    t = TensorType(DType.f32, (n,))
+    program = Program(inputs=[t, t], outputs=[t], symbols={}, input_names=["a", "b"], arena_bytes=0,
+                      slots=[Slot.input(0, t), Slot.input(1, t), Slot.output(0, t)],
+                      steps=[Step("add", [0, 1, 2], [n], split=Split(0, 1, align=16))])
+    exe = Executable(program, jitted[1], min_chunk_ns=1)
+    a, b = torch.full((n,), 1e-40), torch.zeros(n)
+    assert a[0] != 0
+
+    def calls(expected):
+        on_workers = 0
+        for _ in range(20):
+            (out,), records = exe.profile(a, b)
+            on_workers += any(r.thread != 0 for r in records)
+            assert torch.equal(out, expected)
+        return on_workers
+
+    try:
+        assert torch.set_flush_denormal(True)
+        flushed = calls(torch.zeros(n))
+    finally:
+        torch.set_flush_denormal(False)
+    kept = calls(a)
+    assert flushed > 0 and kept > 0, "no chunk ran on a worker"
