@@ -465,7 +465,13 @@ class KernelEmitter:
                 return
             r = loops[level]
             lo = self.index(r.start)
-            self.counted_loop(r.var, lo, self.b.add(lo, self.index(r.extent), flags=["nsw"]), lambda: nest(level + 1))
+            latch = self.counted_loop(r.var, lo, self.b.add(lo, self.index(r.extent), flags=["nsw"]),
+                                      lambda: nest(level + 1))
+            extent = sympy.sympify(r.extent)
+            if level == len(loops) - 1 and extent.is_Integer and int(extent) >= self.mb.target.vector_floats:
+                # LLVM would unroll a short static row fully before the vectoriser sees it: layer
+                # norm's sum over 64 channels became one chain of 64 scalar adds (3x the time)
+                latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.unroll.disable",)))
         nest(0)
 
     def _accumulate(self, s: Reduce, acc, ty) -> None:
