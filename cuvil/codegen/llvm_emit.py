@@ -356,7 +356,8 @@ class KernelEmitter:
             if _latency_bound(s.body):
                 props.append(("llvm.loop.interleave.count", LATENCY_INTERLEAVE))
             latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, *props))
-        elif not s.parallel and any(isinstance(t, Loop) and _vector_loop(t) for t in s.body):
+        elif not s.parallel and any(isinstance(t, Loop) and (_vector_loop(t) or transposed_tile(t) is not None)
+                                    for t in s.body):
             # LLVM would fully unroll a short loop around a vector loop before vectorising, then
             # vectorise one copy: a 3x3 depthwise's 4 column copies left 3 scalar (44 -> 12 us),
             # and 56 copies of a transposing copy's gathers took 0.9 s to schedule
