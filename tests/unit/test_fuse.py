@@ -293,7 +293,9 @@ def randn(*shape, seed=0):
 
 @pytest.mark.parametrize("build, arg_types, inputs, summary", [
     (rms_norm, (T(S, 256), T(256)), (randn(7, 256) * 3, randn(256, seed=1)), "mul + mean + add + rsqrt + mul + mul"),
-    (softmax, (T(S, 77),), (randn(5, 77) * 8,), "amax + sub + exp + sum + div"),
+    # 64 rows: the largest error over a few rows is one draw of the summation order's rounding
+    # (5 rows put a vectorised sum's 2.5e-7 against eager's lucky 3e-8)
+    (softmax, (T(S, 77),), (randn(64, 77) * 8,), "amax + sub + exp + sum + div"),
     (standardize, (T(S, 300),), (randn(6, 300) + 3,), "mean + sub + mul + mean + add + rsqrt + mul"),
 ], ids=["rms_norm", "softmax", "standardize"])
 def test_reduction_with_prologue_and_epilogue_is_one_kernel(build, arg_types, inputs, summary):
