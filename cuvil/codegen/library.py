@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..errors import CuvilUnsupportedOpError
+from ..errors import CuvilError, CuvilUnsupportedOpError
 from ..index_inputs import index_outside
 from ..ir.core import Operation
 from ..ir.ops.common import pair
-from ..ir.ops.nn import TO_NHWC, spatial_axes
-from ..ir.types import DType, norm_dim
+from ..ir.ops.nn import TO_NHWC, conv_padding, spatial_axes
+from ..ir.types import DType, dims_equal, norm_dim
 from .index_math import (TRANSPOSE_TILE, bounds, broadcast_index, decompose, floor_div, index_max, index_min,
                          tile_extent)
 from .kernel_ir import (TOPK_DTYPES, Buffer, BufRef, Cast, Const, Gemm, Index, Load, Store, TopK, compute_dtype,
@@ -46,6 +46,7 @@ CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
 DEPTHWISE_MAX_TAPS = 128     # a depthwise output is a sum of kh*kw products written out in full
 DEPTHWISE_BLOCK = 2          # outputs computed together, sharing loads (4 ran no faster on a Zen 3)
+DEPTHWISE_BORDER_TAPS = 20   # see _in_place_pays
 NHWC_MIN_CHANNEL_RUN = 8    # fewer channels per group: NHWC im2col gathers along image rows instead
 
 
@@ -65,6 +66,11 @@ def _inside(lw, pos, size):
     if b is not None and sympy.sympify(b[0]).is_nonnegative is True and \
             sympy.sympify(size - 1 - b[1]).is_nonnegative is True:
         return None
+    return _inside_mask(pos, size)
+
+
+def _inside_mask(pos, size):
+    """`0 <= pos < size`, as a mask."""
     return call("and", call("ge", Index(pos), const(0, DType.i64)), call("lt", Index(pos), Index(size)))
 
 
@@ -199,6 +205,9 @@ def adaptive_max_pool2d(lw, op, idx):
 # ----------------------------------------------------------------------------- convolution
 
 def _conv_attrs(op: Operation):
+    """(stride, padding before the image, dilation, groups): the padding after it shows only in the
+    output's size, which every lowering reads from the result type, and in reads past the image's
+    end, which find zeros as any padding does."""
     a = op.attrs
     return (pair(a["stride"], "stride"), pair(a["padding"], "padding"), pair(a["dilation"], "dilation"),
             a["groups"])
@@ -221,9 +230,9 @@ def _image(layout: str, n, c, h, w) -> list:
 
 def conv_algorithm(op: Operation) -> str:
     """direct, gemm (1x1), implicit (weights in panels) or im2col: see the module docstring."""
-    stride, padding, dilation, groups = _conv_attrs(op)
+    stride, _, dilation, groups = _conv_attrs(op)
     out_ch, cin_g, kh, kw = _conv_weight_dims(op)
-    if (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1:
+    if (kh, kw) == (1, 1) and stride == (1, 1) and conv_padding(op.attrs) == ((0, 0), (0, 0)) and groups == 1:
         return "gemm"
     if op.attrs["out_channels"] is not None:
         return "implicit"
@@ -648,19 +657,26 @@ def conv2d_implicit(lw, op):
 
 
 def conv2d_depthwise(lw, op):
-    """A convolution with one input channel per group (depthwise), NCHW or NHWC. Per parallel tile
-    (NCHW: image, channel and block of output rows; NHWC: image and block of rows, every channel)
-    the input rows the tile reads are copied once into a zero-padded scratch, so each output is a
-    sum of kh*kw products with no masks, written out in full: a chain of fused multiply-adds per
-    kernel row (short enough for their latency), the rows added pairwise. The loop over output
-    columns (NCHW) or channels (NHWC) is then the innermost and vectorises; the direct kernel's
-    per-output reduction over the window left it scalar (a 7x7 depthwise ran 11x eager's time)."""
+    """A convolution with one input channel per group (depthwise), NCHW or NHWC. Each output is a
+    sum of kh*kw products written out in full: a chain of fused multiply-adds per kernel row (short
+    enough for their latency), the rows added pairwise. The loop over channels (NHWC) or output
+    columns (NCHW) is the innermost and vectorises; the direct kernel's per-output reduction over
+    the window left it scalar (a 7x7 depthwise ran 11x eager's time).
+
+    An NHWC input in memory is read where it lies (`_depthwise_in_place`). Otherwise, per parallel
+    tile (NCHW: image, channel and block of output rows; NHWC: image and block of rows, every
+    channel), the input rows the tile reads are first copied into a zero-padded scratch: an NCHW
+    image read through the layout pass's conversion (the copy is the transpose), or an input the
+    group computes (the copy computes it once, not once per tap)."""
     _require_f32(op)
     (sh, sw), (ph, pw), (dh, dw), groups = _conv_attrs(op)
     nhwc = op.attrs["layout"] == "nhwc"
     x, w = op.operands[:2]
     T = _raw_buffer(lw, op)
     _materialize(lw, op, T, 3 if nhwc else 1)
+    if nhwc and lw.row_major_input(x) is not None and _in_place_pays(op):
+        _depthwise_in_place(lw, op, T)
+        return
     N = x.type.shape[0]
     OC, _, KH, KW = _conv_weight_dims(op)
     OH, OW = (op.result.type.shape[a] for a in _spatial(op))
@@ -675,16 +691,9 @@ def conv2d_depthwise(lw, op):
 
     def output(q, oc, rr, ow):
         c = floor_div(oc, per_channel, lw.known) if per_channel > 1 else oc
-        rows = []       # one chain of fused multiply-adds per kernel row, then the rows' sums pairwise
-        for kh in range(KH):
-            acc = None
-            for kw in range(KW):
-                at = ((rr * sh + kh * dh) * Wp + ow * sw + kw * dw) * C + (c if nhwc else 0)
-                weight = cast(lw.value(w, [kh, kw, 0, oc] if nhwc else [oc, 0, kh, kw]), DType.f32)
-                x_at = Load(padded, [q, at])
-                acc = call("mul", weight, x_at) if acc is None else call("fma", weight, x_at, acc)
-            rows.append(acc)
-        return _tree_sum(rows)
+        return _window_sum(KH, KW, lambda kh, kw: (
+            cast(lw.value(w, [kh, kw, 0, oc] if nhwc else [oc, 0, kh, kw]), DType.f32),
+            Load(padded, [q, ((rr * sh + kh * dh) * Wp + ow * sw + kw * dw) * C + (c if nhwc else 0)])))
 
     def store(at, values):
         values = [lw.let(v, "dw") for v in values]     # all loads first: T might alias them for LLVM
@@ -705,6 +714,142 @@ def conv2d_depthwise(lw, op):
                 "ow", OW, lambda ow: store([[n, oc, first + rr, ow] for rr in rows],
                                            [output(q, oc, rr, ow) for rr in rows])))
     _conv_tiles(lw, op, T, N, tile_groups, OH, OW, body, tile_rows)
+
+
+def _window_sum(KH: int, KW: int, product, row_kept=None) -> object:
+    """The sum over a KH x KW window of `product(kh, kw)` = (weight, input): a chain of fused
+    multiply-adds per kernel row, the rows' sums added pairwise; a row whose `row_kept(kh)` mask
+    is false adds 0."""
+    rows = []
+    for kh in range(KH):
+        acc = None
+        for kw in range(KW):
+            weight, x_at = product(kh, kw)
+            acc = call("mul", weight, x_at) if acc is None else call("fma", weight, x_at, acc)
+        rows.append(acc if row_kept is None else call("select", row_kept(kh), acc, const(0.0, DType.f32)))
+    return _tree_sum(rows)
+
+
+def _depthwise_in_place(lw, op, T):
+    """An NHWC depthwise convolution reading its input where it lies in memory: no copy. Output
+    positions whose whole window lies inside the image (the interior rows and, in them, the
+    interior columns) read it unmasked, DEPTHWISE_BLOCK columns at a time sharing each weight
+    vector's load; the border positions read each tap at an index clamped into the image and
+    select 0 where it falls outside (the condition is uniform over the channels: one blend per
+    tap, no masked loads, which NEON lacks). The group's elementwise epilogue (bias, activation)
+    is applied to each output before it is stored, when it reads the product at its own index
+    (`_epilogue_in_registers`); otherwise it runs over each tile after it, as for the GEMMs.
+    The copy this replaces cost as much as the products (144 channels at 56x56, 3x3)."""
+    (sh, sw), (ph, pw), (dh, dw), _ = _conv_attrs(op)
+    x, w = op.operands[:2]
+    N, H, W, _ = x.type.shape
+    OC, _, KH, KW = _conv_weight_dims(op)
+    OH, OW = op.result.type.shape[1:3]
+    per_channel = OC // op.attrs["groups"]
+    (r_lo, r_hi), (c_lo, c_hi) = _interior(op, lw.known)
+    fused = _epilogue_in_registers(lw, op)
+
+    def output(n, oh, ow, oc, border: bool):
+        c = floor_div(oc, per_channel, lw.known) if per_channel > 1 else oc
+        rows = [oh * sh - ph + kh * dh for kh in range(KH)]
+        cols = [ow * sw - pw + kw * dw for kw in range(KW)]
+        if border:      # per kernel row and column: whether it lies inside the image, and its index clamped there
+            row_in = [_inside_mask(ih, H) for ih in rows]
+            col_in = [_inside_mask(iw, W) for iw in cols]
+            rows = [index_min(H - 1, index_max(0, ih)) for ih in rows]
+            cols = [index_min(W - 1, index_max(0, iw)) for iw in cols]
+
+        def product(kh, kw):
+            weight = cast(lw.value(w, [kh, kw, 0, oc]), DType.f32)
+            x_at = cast(lw.value(x, [n, rows[kh], cols[kw], c]), DType.f32)
+            if border:
+                x_at = call("select", col_in[kw], x_at, const(0.0, DType.f32))
+            return weight, x_at
+        # a row outside the image: its sum (of whatever its clamped reads hold) is dropped whole
+        return _window_sum(KH, KW, product, (lambda kh: row_in[kh]) if border else None)
+
+    def store(n, oh, ows, oc, border):
+        values = [lw.let(output(n, oh, ow, oc, border), "dw") for ow in ows]
+        for ow, v in zip(ows, values):
+            if fused:
+                _store_through_epilogue(lw, op, [n, oh, ow, oc], v)
+            else:
+                lw.emit(Store(T, [n, oh, ow, oc], v))
+
+    # Per output row: DEPTHWISE_BLOCK interior columns at a time from c_lo (none in a border row),
+    # then one loop over the rest, border code: columns [0, c_lo) and [tail, OW) in an interior
+    # row, every column in a border row. One copy of each sum keeps LLVM's time down (a 7x7 window
+    # is 49 products).
+    whole = norm_dim(floor_div(sympy.sympify(c_hi) - c_lo, DEPTHWISE_BLOCK, lw.known))
+    tail = norm_dim(c_lo + whole * DEPTHWISE_BLOCK)
+
+    def row(n, oh):
+        interior = sympy.Min(1, sympy.Max(0, oh - r_lo + 1), sympy.Max(0, sympy.sympify(r_hi) - oh))   # 1 or 0
+        lw.loop("ow", norm_dim(interior * whole), lambda b: lw.loop("oc", OC, lambda oc: store(
+            n, oh, [c_lo + b * DEPTHWISE_BLOCK + u for u in range(DEPTHWISE_BLOCK)], oc, False)))
+        skipped = interior * (tail - c_lo)      # interior columns done above
+        lw.loop("ow", norm_dim(OW - skipped), lambda j: lw.loop("oc", OC, lambda oc: store(
+            n, oh, [norm_dim(j + skipped * sympy.Min(1, sympy.Max(0, j - c_lo + 1)))], oc, True)))
+
+    _conv_tiles(lw, op, T, N, 1, OH, OW, lambda q, n, g, first, count: lw.loop(
+        "oh", count, lambda oh: row(n, oh), start=first), _tile_rows(OH, OW), epilogue=not fused)
+
+
+def _interior(op, known: dict | None = None) -> tuple[tuple, tuple]:
+    """[lo, hi) of the output rows, and of the columns, whose NHWC depthwise window lies inside
+    the image."""
+    (sh, sw), (ph, pw), (dh, dw), _ = _conv_attrs(op)
+    _, H, W, _ = op.operands[0].type.shape
+    _, _, KH, KW = _conv_weight_dims(op)
+    OH, OW = op.result.type.shape[1:3]
+
+    def span(out, size, pad, stride, window):
+        lo = -(-pad // stride)      # (past `out` in an image smaller than the padding: no interior)
+        return lo, index_max(lo, index_min(out, floor_div(sympy.sympify(size) + pad - window, stride, known or {}) + 1))
+    return span(OH, H, ph, sh, (KH - 1) * dh + 1), span(OW, W, pw, sw, (KW - 1) * dw + 1)
+
+
+def _in_place_pays(op) -> bool:
+    """Whether reading an NHWC depthwise input in place beats copying it padded: the border code,
+    one output at a time with a select per tap, may compute at most DEPTHWISE_BORDER_TAPS taps per
+    output on average (a 7x7 window over a 14x14 image computes 33, and runs 1.5x the copying
+    kernel's time; over 56x56, 10 and 0.65x). With a size known only at run time: windows of at
+    most 5x5."""
+    _, _, KH, KW = _conv_weight_dims(op)
+    OH, OW = op.result.type.shape[1:3]
+    (r_lo, r_hi), (c_lo, c_hi) = _interior(op)
+    sizes = [OH, OW, r_lo, r_hi, c_lo, c_hi]
+    if not all(sympy.sympify(v).is_Integer for v in sizes):
+        return KH * KW <= 25
+    border = 1 - int(r_hi - r_lo) * int(c_hi - c_lo) / (OH * OW) if OH * OW else 0
+    return border * KH * KW <= DEPTHWISE_BORDER_TAPS
+
+
+def _epilogue_in_registers(lw, op) -> bool:
+    """Whether the group's ops after `op` are elementwise and every output has op's shape, so that
+    each output element is computed from op's value at its own index alone."""
+    rest = lw.ops[lw.ops.index(op) + 1:]
+    shape = op.result.type.shape
+    return all(o.has_tag("elementwise") for o in rest) and all(
+        v.type.rank == len(shape) and all(map(dims_equal, v.type.shape, shape)) for v, _ in lw.outputs.values())
+
+
+def _store_through_epilogue(lw, op, idx, value) -> None:
+    """Store the group's outputs at `idx`, with op's raw product there being `value`."""
+    materialized = lw.materialized[id(op.result)]
+    at = tuple(map(norm_dim, idx))
+    bias = op.operands[2] if len(op.operands) > 2 else None
+
+    def product(i):
+        if tuple(map(norm_dim, i)) != at:
+            raise CuvilError(f"internal error: {op.name}'s epilogue reads its product at {i}, not at {idx}")
+        return value if bias is None else call("add", value, cast(lw.value(bias, [i[3]]), DType.f32))
+    lw.materialized[id(op.result)] = product
+    try:
+        with lw.own_values():
+            lw.store_outputs(idx)
+    finally:
+        lw.materialized[id(op.result)] = materialized
 
 
 def _in_blocks(lw, name: str, total, block: int, body) -> None:

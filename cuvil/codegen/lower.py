@@ -24,6 +24,7 @@ How a group becomes loops:
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -503,6 +504,13 @@ class GroupLowering:
             return id(v) in self.read_from_memory and alias_base(v) is not None
         return v.owner.name not in INLINE_OPS or id(v) in self.read_from_memory
 
+    def row_major_input(self, v: Value) -> Buffer | None:
+        """The buffer the group reads `v` from, when it reads it from memory in row-major order."""
+        if not self._is_source(v) or id(v) not in self.inputs:
+            return None
+        buf = self.inputs[id(v)]
+        return buf if buf.strides is None else None
+
     def _buffer(self, v: Value, role: str) -> Buffer:
         self.values.append(stored(v) if role == "in" else v)
         base = re.sub(r"[^A-Za-z0-9_.]", "_", v.name) if v.name else ("x" if role == "in" else "y")
@@ -539,6 +547,16 @@ class GroupLowering:
     def pop(self) -> list:
         self.memo.pop()
         return self.blocks.pop()
+
+    @contextlib.contextmanager
+    def own_values(self):
+        """Values computed inside are remembered only inside (one output element of several
+        computed from different definitions of the same value)."""
+        self.memo.append({})
+        try:
+            yield
+        finally:
+            self.memo.pop()
 
     def _unshadowed(self, var: str) -> str:
         """`var`, or a variant of it when an enclosing loop has that name (a window op computed

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import CuvilPassError
 from ..ir.core import Module, Operation, Value
+from ..ir.ops.nn import conv_padding, spatial_axes
 from ..ir.types import DType, TensorType
 from .base import ModulePass
 from .registry import register_pass
@@ -25,7 +26,8 @@ class CanonicalizePass(ModulePass):
 
     Identities: x+(-0.0), x-0, x*1, x/1, x*0 (integers), neg(neg x), relu(relu x), cast of an exact
     cast. Views: reshape of reshape, permute of permute, and no-op reshape/expand/permute/slice/
-    squeeze/unsqueeze pairs and casts to the same dtype."""
+    squeeze/unsqueeze pairs and casts to the same dtype. A zero pad of a convolution's image
+    becomes the convolution's padding."""
     name = "canonicalize"
     priority = 100
     requires = frozenset({"verified"})
@@ -236,6 +238,26 @@ def pad_nothing(op: Operation, rw: Rewriter) -> bool:
     return not any(op.attrs["low"]) and not any(op.attrs["high"]) and _replace_if_same(op, op.operands[0], rw)
 
 
+def conv_of_padded(op: Operation, rw: Rewriter) -> bool:
+    """conv2d(pad(x) with zeros around the image only) -> conv2d(x) with the pad added to its
+    padding, `padding_high` taking the amounts after the image where they differ (TensorFlow's
+    "same" padding, as Hugging Face's MobileNets write it, pads 0 before and 1 after). The pad
+    was a kernel copying the whole image."""
+    pad = producer(op.operands[0])
+    if pad is None or pad.name != "cuvil.pad" or pad.attrs["mode"] != "constant" or pad.attrs["value"] != 0.0:
+        return False
+    low, high = pad.attrs["low"], pad.attrs["high"]
+    axes = spatial_axes(4, op.attrs["layout"])
+    if min(*low, *high) < 0 or any(low[a] or high[a] for a in range(4) if a not in axes):
+        return False
+    before, after = conv_padding(op.attrs)
+    padding = [p + low[a] for p, a in zip(before, axes)]
+    padding_high = [p + high[a] for p, a in zip(after, axes)]
+    attrs = {**op.attrs, "padding": padding, "padding_high": [] if padding_high == padding else padding_high}
+    rw.replace(op, rw.create(op, op.name, [pad.operands[0], *op.operands[1:]], attrs).results)
+    return True
+
+
 def squeeze_noop(op: Operation, rw: Rewriter) -> bool:
     return not op.attrs["dims"] and _replace_if_same(op, op.operands[0], rw)
 
@@ -265,6 +287,7 @@ PATTERNS = {
     "cuvil.expand": [expand_noop],
     "cuvil.slice": [slice_whole],
     "cuvil.pad": [pad_nothing],
+    "cuvil.conv2d": [conv_of_padded],
     "cuvil.squeeze": [squeeze_noop, squeeze_unsqueeze],
     "cuvil.unsqueeze": [unsqueeze_squeeze],
 }

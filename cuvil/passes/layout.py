@@ -13,7 +13,7 @@ stride. The pass works in three steps:
 2. sink: a conversion to NCHW moves below the elementwise ops that read it, when their other
    operands are conversions too, already converted (a residual input that also feeds a converted
    conv), constants or broadcasts of lower rank (these are reshaped and permuted instead, which is
-   folded work for a constant and a cheap view otherwise);
+   folded work for a constant and a cheap view otherwise), and below a pad;
 3. cancel: `permute(permute(x, p), q)` with `p` then `q` the identity is `x` (canonicalize's
    patterns). What is left are the conversions at the function's edges and before ops that need
    NCHW, such as a flatten; the statistics count them;
@@ -83,14 +83,16 @@ class LayoutPass(ModulePass):
                 inserted += 2
         linears = sum(_pack_linear(Rewriter(module, fn), op, widest) for fn in module.functions.values()
                       for op in list(fn.ops) if self.pack_linear and op.name == "cuvil.linear")
-        fired = apply_patterns(module, {ANY_OP: [sink_conversion],
-                                        "cuvil.permute": [permute_permute, permute_identity]})
+        fired = apply_patterns(module, {ANY_OP: [sink_conversion], "cuvil.pad": [sink_conversion_through_pad],
+                                        "cuvil.permute": [permute_permute, permute_identity,
+                                                          hoist_conversion_above_pad]})
         fired += apply_patterns(module, {"cuvil.permute": [hoist_conversion, permute_permute, permute_identity]})
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
                 "weights-packed": packed["hwio"] + packed["panels"], "conv-panels": packed["panels"],
                 "linears-packed": linears, "panel-width": widest,
-                "conversions-inserted": inserted, "sunk": fired["sink_conversion"],
-                "hoisted": fired["hoist_conversion"],
+                "conversions-inserted": inserted,
+                "sunk": fired["sink_conversion"] + fired["sink_conversion_through_pad"],
+                "hoisted": fired["hoist_conversion"] + fired["hoist_conversion_above_pad"],
                 "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
 
 
@@ -189,6 +191,41 @@ def sink_conversion(op: Operation, rw: Rewriter) -> bool:
     nhwc = rw.create(op, op.name, operands, dict(op.attrs))
     rw.replace(op, rw.create(op, "cuvil.permute", [nhwc.result], {"perm": list(TO_NCHW)}).results)
     return True
+
+
+def sink_conversion_through_pad(op: Operation, rw: Rewriter) -> bool:
+    """pad(permute(y, to NCHW)) -> permute(pad(y), to NCHW), the amounts moved to y's dims: a pad
+    between two convolutions (TensorFlow's "same" padding, as Hugging Face's MobileNets and
+    EfficientNets write it) otherwise keeps a conversion to NCHW and back around it."""
+    if not _is_conversion(op.operands[0]):
+        return False
+    padded = rw.create(op, "cuvil.pad", [producer(op.operands[0]).operands[0]], _nhwc_pad(op)).result
+    rw.replace(op, rw.create(op, "cuvil.permute", [padded], {"perm": list(TO_NCHW)}).results)
+    return True
+
+
+def hoist_conversion_above_pad(op: Operation, rw: Rewriter) -> bool:
+    """permute(pad(x), to NHWC) -> pad(permute(x, to NHWC)) for a pad only the conversion reads:
+    the pad then sits next to the convolution that reads it, which canonicalize folds it into
+    (the model's own input padded before its first convolution)."""
+    pad = producer(op.operands[0])
+    if tuple(op.attrs["perm"]) != TO_NHWC or pad is None or pad.name != "cuvil.pad" or len(pad.result.uses) != 1:
+        return False
+    nhwc = rw.create(op, "cuvil.permute", [pad.operands[0]], {"perm": list(TO_NHWC)}).result
+    rw.replace(op, rw.create(op, "cuvil.pad", [nhwc], _nhwc_pad(pad)).results)
+    return True
+
+
+def _nhwc_pad(pad: Operation) -> dict:
+    """The attributes of an NCHW `pad` for the same image in NHWC: NCHW dim i is NHWC dim
+    TO_NCHW[i]."""
+    attrs = dict(pad.attrs)
+    for key in ("low", "high"):
+        amounts = [0] * 4
+        for i, d in enumerate(TO_NCHW):
+            amounts[d] = pad.attrs[key][i]
+        attrs[key] = amounts
+    return attrs
 
 
 def hoist_conversion(op: Operation, rw: Rewriter) -> bool:

@@ -266,8 +266,8 @@ def test_parsed_locations_and_names():
     conv, grouped = nn.ops[8], nn.ops[9]
     assert conv.loc == Loc("net.py", 10, 0)
     assert grouped.loc == Loc("net.py", 11, 5)
-    assert conv.attrs == {"stride": [2, 2], "padding": [1, 1], "dilation": [2, 2], "groups": 1, "layout": "nchw",
-                          "out_channels": None}
+    assert conv.attrs == {"stride": [2, 2], "padding": [1, 1], "padding_high": [], "dilation": [2, 2], "groups": 1,
+                          "layout": "nchw", "out_channels": None}
     assert [v.name for v in conv.operands] == ["x", "conv.weight", "conv.bias"]
     assert nn.ops[11].attrs["ceil_mode"] is True
     assert conv.result.name is None   # '%0' is a number, not a name hint

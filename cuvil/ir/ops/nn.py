@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 import torch.nn.functional as F
 
 from ..core import OpDef, optional, register_op, required
-from ..types import DType, TensorType, dims_equal
+from ..types import DType, TensorType, dims_equal, norm_dim
 from .common import (broadcast_shapes, pair, require_float, require_integer, require_same_dtype, shape_str,
                      types_str, window_out)
 
@@ -281,8 +282,8 @@ class Conv2dOp(OpDef):
     name = "cuvil.conv2d"
     operands = ("x", "weight", "bias?")
     attrs = {"stride": optional("ints", [1, 1]), "padding": optional("ints", [0, 0]),
-             "dilation": optional("ints", [1, 1]), "groups": optional("int", 1), "layout": optional("str", "nchw"),
-             "out_channels": optional("int?")}
+             "padding_high": optional("ints", []), "dilation": optional("ints", [1, 1]), "groups": optional("int", 1),
+             "layout": optional("str", "nchw"), "out_channels": optional("int?")}
     tags = frozenset({"opaque"})
     amp = "always"
 
@@ -314,10 +315,12 @@ class Conv2dOp(OpDef):
             raise ValueError(f"channels of x {x} do not match weight {w} with groups = {groups}")
         for b in bias:
             _expect_shape(b, (out_ch,), "bias")
-        stride, padding, dilation = (pair(attrs[k], k) for k in ("stride", "padding", "dilation"))
+        stride, dilation = (pair(attrs[k], k) for k in ("stride", "dilation"))
+        padding, high = conv_padding(attrs)
         h, w_axis = spatial_axes(4, attrs["layout"])
-        spatial = tuple(window_out(x.shape[axis], (kh, kw)[i], stride[i], padding[i], dilation[i], False)
-                        for i, axis in enumerate((h, w_axis)))
+        # the padding after the image counts as that much more image
+        spatial = tuple(window_out(norm_dim(sympy.sympify(x.shape[axis]) + high[i] - padding[i]), (kh, kw)[i],
+                                   stride[i], padding[i], dilation[i], False) for i, axis in enumerate((h, w_axis)))
         return [x.with_shape((x.shape[0],) + spatial + (out_ch,) if nhwc else (x.shape[0], out_ch) + spatial)]
 
     @staticmethod
@@ -326,8 +329,20 @@ class Conv2dOp(OpDef):
             weight = unpack_conv_panels(weight, attrs["out_channels"], attrs["groups"])
         elif attrs["layout"] == "nhwc":
             weight = weight.permute(*WEIGHT_TO_OIHW)
-        return _in_nchw(attrs, lambda t: F.conv2d(t, weight, bias, attrs["stride"], attrs["padding"],
-                                                  attrs["dilation"], attrs["groups"]), x)
+        (top, left), (bottom, right) = conv_padding(attrs)
+        return _in_nchw(attrs, lambda t: F.conv2d(F.pad(t, (left, right, top, bottom)), weight, bias, attrs["stride"],
+                                                  0, attrs["dilation"], attrs["groups"]), x)
+
+
+def conv_padding(attrs) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A convolution's zeros before the image, (top, left), and after it, (bottom, right):
+    `padding_high` when given (an asymmetric pad folded in: TensorFlow's "same" padding), else
+    `padding` on both sides."""
+    padding = pair(attrs["padding"], "padding")
+    high = pair(attrs["padding_high"], "padding_high") if attrs["padding_high"] else padding
+    if min(padding + high) < 0:
+        raise ValueError(f"convolution padding must not be negative, got {list(padding)} and {list(high)}")
+    return padding, high
 
 
 def _pool_params(attrs) -> tuple[tuple[int, int], ...]:

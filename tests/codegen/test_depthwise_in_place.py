@@ -1,0 +1,108 @@
+"""An NHWC depthwise convolution whose input is in memory reads it where it lies (no zero-padded
+copy) and applies its elementwise epilogue before each store (library._depthwise_in_place): the
+kernel's shape, and its results against eager torch where the border code matters: uneven padding,
+strides and dilations, an image smaller than the window, and infinities next to the padding."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuvil.codegen.kernel_text import print_kernel
+from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO
+
+from codegen_helpers import Graph, T, compile_graphs, run
+from test_library import rand
+
+# (channels, multiplier, kernel, stride, padding, dilation, padding after the image): over
+# symbolic sizes; the last one is TensorFlow's "same" padding of a stride-2 convolution
+CASES = [(16, 1, (3, 3), (1, 1), (1, 1), (1, 1), []), (16, 1, (3, 5), (2, 1), (2, 1), (1, 2), []),
+         (8, 2, (5, 5), (1, 2), (0, 3), (1, 1), []), (24, 1, (7, 7), (1, 1), (3, 3), (1, 1), []),
+         (16, 1, (3, 3), (2, 2), (0, 0), (1, 1), (1, 1))]
+
+
+def _relu6(i, c, mult, k, s, p, d, high):
+    return Graph(f"dw_relu6_{i}", lambda b, x, w, bi: b("cuvil.clamp", b(
+        "cuvil.conv2d", x, w, bi, stride=list(s), padding=list(p), padding_high=list(high), dilation=list(d),
+        groups=c, layout="nhwc"), min=0.0, max=6.0), [T("s0", "s1", "s2", c), T(*k, 1, c * mult), T(c * mult)])
+
+
+GRAPHS = {i: _relu6(i, *case) for i, case in enumerate(CASES)}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_graphs(GRAPHS.values())
+
+
+def _eager(x, w, bias, c, s, p, d, high=()):
+    (ph, pw), (qh, qw) = p, high or p
+    return F.relu6(F.conv2d(F.pad(x, (pw, qw, ph, qh)), w, bias, s, 0, d, c))
+
+
+def _run(compiled, i, x, w, bias):
+    out = run(GRAPHS[i], compiled, x.permute(*TO_NHWC).contiguous(), w.permute(*WEIGHT_TO_HWIO).contiguous(),
+              bias, split=2)
+    return out.permute(*TO_NCHW)
+
+
+def _static(size, k):
+    return Graph(f"dw_static_{size}_{k}", lambda b, x, w: b("cuvil.conv2d", x, w, padding=[k // 2, k // 2], groups=8,
+                                                             layout="nhwc"), [T(1, size, size, 8), T(k, k, 1, 8)])
+
+
+def _copies(graph) -> bool:
+    return any(b.role == "scratch" for k in graph.kernels for b in k.buffers)
+
+
+def test_the_kernel_reads_its_input_in_place_and_stores_each_output_once():
+    kernels = GRAPHS[0].kernels
+    assert len(kernels) == 1
+    kernel = kernels[0]
+    assert not _copies(GRAPHS[0])       # no padded copy
+    text = print_kernel(kernel)
+    out = next(b.name for b in kernel.buffers if b.role == "out")
+    uses = [line.strip() for line in text.splitlines()[1:] if f"%{out}[" in line]
+    assert uses and all(u.startswith(f"%{out}[") and u.count(f"%{out}[") == 1 for u in uses)   # stores only
+    assert all("min(max(" in u for u in uses)        # relu6 applied to each sum before its store
+
+
+def _has_outputs(case, size) -> bool:
+    _, _, k, _, p, d, high = case
+    return all(n + pad + after - dil * (kk - 1) - 1 >= 0 for n, pad, after, dil, kk in zip(size, p, high or p, d, k))
+
+
+@pytest.mark.parametrize("i, h, w", [(i, h, w) for i, case in enumerate(CASES)
+                                     for h, w in [(12, 11), (3, 2), (1, 9)] if _has_outputs(case, (h, w))])
+def test_matches_eager_over_border_and_interior(compiled, i, h, w):
+    c, mult, k, s, p, d, high = CASES[i]
+    x, weight, bias = rand(2, c, h, w) * 2, rand(c * mult, 1, *k, seed=1), rand(c * mult, seed=2)
+    torch.testing.assert_close(_run(compiled, i, x, weight, bias), _eager(x, weight, bias, c, s, p, d, high),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_infinities_next_to_the_padding_stay_out_of_the_padded_taps(compiled):
+    # a border tap reads the image at an index clamped inside it and selects 0: the clamped read of
+    # an inf (or NaN) pixel must not turn the padded tap into inf * 0 = NaN
+    c, mult, k, s, p, d, _ = CASES[0]
+    x = rand(1, c, 8, 9)
+    x[0, :, 0, :] = float("inf")
+    x[0, :, :, -1] = float("-inf")
+    x[0, 3, 4, 0] = float("nan")
+    weight, bias = rand(c, 1, *k, seed=1), rand(c, seed=2)
+    torch.testing.assert_close(_run(compiled, 0, x, weight, bias), _eager(x, weight, bias, c, s, p, d),
+                               rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_a_wide_window_over_a_small_image_copies_it_padded():
+    # border positions take a select per tap, one output at a time: a 7x7 window over 14x14 has
+    # two thirds of its outputs there (33 border taps an output), and copying pays
+    assert not _copies(_static(56, 7)) and not _copies(_static(30, 7)) and not _copies(_static(7, 3))
+    assert _copies(_static(14, 7)) and _copies(_static(7, 7))
+
+
+@pytest.mark.parametrize("size", [30, 14])
+def test_both_choices_match_eager(size):
+    graph = _static(size, 7)
+    compiled = compile_graphs([graph])
+    x, weight = rand(1, 8, size, size), rand(8, 1, 7, 7, seed=1)
+    out = run(graph, compiled, x.permute(*TO_NHWC).contiguous(), weight.permute(*WEIGHT_TO_HWIO).contiguous())
+    torch.testing.assert_close(out.permute(*TO_NCHW), F.conv2d(x, weight, None, 1, 3, 1, 8), rtol=1e-5, atol=1e-5)
