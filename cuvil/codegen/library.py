@@ -46,7 +46,7 @@ CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
 DEPTHWISE_MAX_TAPS = 128     # a depthwise output is a sum of kh*kw products written out in full
 DEPTHWISE_BLOCK = 2          # outputs computed together, sharing loads (4 ran no faster on a Zen 3)
-DEPTHWISE_BORDER_TAPS = 20   # see _in_place_pays
+DEPTHWISE_BORDER_TAPS = 13   # see _in_place_pays
 NHWC_MIN_CHANNEL_RUN = 8    # fewer channels per group: NHWC im2col gathers along image rows instead
 
 
@@ -812,9 +812,10 @@ def _interior(op, known: dict | None = None) -> tuple[tuple, tuple]:
 def _in_place_pays(op) -> bool:
     """Whether reading an NHWC depthwise input in place beats copying it padded: the border code,
     one output at a time with a select per tap, may compute at most DEPTHWISE_BORDER_TAPS taps per
-    output on average (a 7x7 window over a 14x14 image computes 33, and runs 1.5x the copying
-    kernel's time; over 56x56, 10 and 0.65x). With a size known only at run time: windows of at
-    most 5x5."""
+    output on average. A 7x7 window computes 10 over a 56x56 image (0.65x the copying kernel's
+    time), 19 over 28x28 (the same time, for more code to compile) and 33 over 14x14 (1.5x); a 5x5
+    window 12 over 14x14 (0.88x) and 20 over 7x7 (the same time); a 3x3 window at most 4.4 (7x7),
+    always faster in place. With a size known only at run time: windows of at most 5x5."""
     _, _, KH, KW = _conv_weight_dims(op)
     OH, OW = op.result.type.shape[1:3]
     (r_lo, r_hi), (c_lo, c_hi) = _interior(op)

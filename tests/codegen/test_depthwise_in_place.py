@@ -95,11 +95,11 @@ def test_infinities_next_to_the_padding_stay_out_of_the_padded_taps(compiled):
 def test_a_wide_window_over_a_small_image_copies_it_padded():
     # border positions take a select per tap, one output at a time: a 7x7 window over 14x14 has
     # two thirds of its outputs there (33 border taps an output), and copying pays
-    assert not _copies(_static(56, 7)) and not _copies(_static(30, 7)) and not _copies(_static(7, 3))
-    assert _copies(_static(14, 7)) and _copies(_static(7, 7))
+    assert not _copies(_static(56, 7)) and not _copies(_static(7, 3)) and not _copies(_static(14, 5))
+    assert _copies(_static(30, 7)) and _copies(_static(14, 7)) and _copies(_static(7, 7))
 
 
-@pytest.mark.parametrize("size", [30, 14])
+@pytest.mark.parametrize("size", [56, 14])
 def test_both_choices_match_eager(size):
     graph = _static(size, 7)
     compiled = compile_graphs([graph])
