@@ -672,7 +672,7 @@ class _KernelVerifier:
                 if sub is not None:
                     self.expr(sub, loops, scalars)
         elif isinstance(e, Index):
-            self.index(e.expr, loops, "index(...)")
+            self.index(e.expr, loops | scalars, "index(...)")
         elif isinstance(e, Call):
             for a in e.args:
                 self.expr(a, loops, scalars)

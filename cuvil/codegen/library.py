@@ -749,32 +749,35 @@ def _depthwise_in_place(lw, op, T):
     (r_lo, r_hi), (c_lo, c_hi) = _interior(op, lw.known)
     fused = _epilogue_in_registers(lw, op)
 
-    def output(n, oh, ow, oc, border: bool):
+    def output(n, oc, rows, cols, row_in=None, col_in=None):
+        """The window's sum at the output whose input rows and columns are `rows` and `cols`; at a
+        border position these are clamped into the image and `row_in`/`col_in` say which lie in it."""
         c = floor_div(oc, per_channel, lw.known) if per_channel > 1 else oc
-        rows = [oh * sh - ph + kh * dh for kh in range(KH)]
-        cols = [ow * sw - pw + kw * dw for kw in range(KW)]
-        if border:      # per kernel row and column: whether it lies inside the image, and its index clamped there
-            row_in = [_inside_mask(ih, H) for ih in rows]
-            col_in = [_inside_mask(iw, W) for iw in cols]
-            rows = [index_min(H - 1, index_max(0, ih)) for ih in rows]
-            cols = [index_min(W - 1, index_max(0, iw)) for iw in cols]
 
         def product(kh, kw):
             weight = cast(lw.value(w, [kh, kw, 0, oc]), DType.f32)
             x_at = cast(lw.value(x, [n, rows[kh], cols[kw], c]), DType.f32)
-            if border:
+            if col_in is not None:
                 x_at = call("select", col_in[kw], x_at, const(0.0, DType.f32))
             return weight, x_at
         # a row outside the image: its sum (of whatever its clamped reads hold) is dropped whole
-        return _window_sum(KH, KW, product, (lambda kh: row_in[kh]) if border else None)
+        return _window_sum(KH, KW, product, None if row_in is None else (lambda kh: row_in[kh]))
 
-    def store(n, oh, ows, oc, border):
-        values = [lw.let(output(n, oh, ow, oc, border), "dw") for ow in ows]
+    def store(n, oh, ows, oc, sums):
+        values = [lw.let(s, "dw") for s in sums]
         for ow, v in zip(ows, values):
             if fused:
                 _store_through_epilogue(lw, op, [n, oh, ow, oc], v)
             else:
                 lw.emit(Store(T, [n, oh, ow, oc], v))
+
+    def clamped(positions, size, name):
+        """Per tap: whether its input row (column) lies inside the image, and its index clamped
+        there, each bound once outside the channel loop (written out in every tap, the index
+        expressions made up most of the kernel's compile time)."""
+        inside = [lw.let(_inside_mask(i, size), f"{name}_in") for i in positions]
+        at = [scalar_index(lw.let(Index(index_min(size - 1, index_max(0, i))), name).name) for i in positions]
+        return inside, at
 
     # Per output row: DEPTHWISE_BLOCK interior columns at a time from c_lo (none in a border row),
     # then one loop over the rest, border code: columns [0, c_lo) and [tail, OW) in an interior
@@ -784,12 +787,22 @@ def _depthwise_in_place(lw, op, T):
     tail = norm_dim(c_lo + whole * DEPTHWISE_BLOCK)
 
     def row(n, oh):
-        interior = sympy.Min(1, sympy.Max(0, oh - r_lo + 1), sympy.Max(0, sympy.sympify(r_hi) - oh))   # 1 or 0
-        lw.loop("ow", norm_dim(interior * whole), lambda b: lw.loop("oc", OC, lambda oc: store(
-            n, oh, [c_lo + b * DEPTHWISE_BLOCK + u for u in range(DEPTHWISE_BLOCK)], oc, False)))
+        rows = [oh * sh - ph + kh * dh for kh in range(KH)]
+        interior = index_min(1, index_max(0, oh - r_lo + 1), index_max(0, sympy.sympify(r_hi) - oh))   # 1 or 0
+
+        def block(b):
+            ows = [c_lo + b * DEPTHWISE_BLOCK + u for u in range(DEPTHWISE_BLOCK)]
+            lw.loop("oc", OC, lambda oc: store(n, oh, ows, oc, [
+                output(n, oc, rows, [ow * sw - pw + kw * dw for kw in range(KW)]) for ow in ows]))
+        lw.loop("ow", norm_dim(interior * whole), block)
         skipped = interior * (tail - c_lo)      # interior columns done above
-        lw.loop("ow", norm_dim(OW - skipped), lambda j: lw.loop("oc", OC, lambda oc: store(
-            n, oh, [norm_dim(j + skipped * sympy.Min(1, sympy.Max(0, j - c_lo + 1)))], oc, True)))
+        row_in, row_at = clamped(rows, H, "ih")
+
+        def border(j):
+            ow = scalar_index(lw.let(Index(norm_dim(j + skipped * index_min(1, index_max(0, j - c_lo + 1)))), "ow").name)
+            col_in, col_at = clamped([ow * sw - pw + kw * dw for kw in range(KW)], W, "iw")
+            lw.loop("oc", OC, lambda oc: store(n, oh, [ow], oc, [output(n, oc, row_at, col_at, row_in, col_in)]))
+        lw.loop("ow", norm_dim(OW - skipped), border)
 
     _conv_tiles(lw, op, T, N, 1, OH, OW, lambda q, n, g, first, count: lw.loop(
         "oh", count, lambda oh: row(n, oh), start=first), _tile_rows(OH, OW), epilogue=not fused)

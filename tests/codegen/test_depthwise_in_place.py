@@ -65,6 +65,18 @@ def test_the_kernel_reads_its_input_in_place_and_stores_each_output_once():
     assert all("min(max(" in u for u in uses)        # relu6 applied to each sum before its store
 
 
+def test_border_taps_read_at_indices_bound_once_per_output_position():
+    # each tap's clamped row (per output row) and column (per output position) is a scalar bound
+    # outside the channel loop: written out in every load instead, the min/max expressions made
+    # up most of a 7x7 kernel's compile time
+    kernel = GRAPHS[1].kernels[0]
+    text = print_kernel(kernel)
+    x = kernel.buffers[0].name
+    loads = [line for line in text.splitlines() if f"%{x}[" in line]
+    assert loads and not any("min(" in line or "max(" in line for line in loads)
+    assert sum(" = index(min(" in line for line in text.splitlines()) == 3 + 5   # a 3x5 window
+
+
 def _has_outputs(case, size) -> bool:
     _, _, k, _, p, d, high = case
     return all(n + pad + after - dil * (kk - 1) - 1 >= 0 for n, pad, after, dil, kk in zip(size, p, high or p, d, k))

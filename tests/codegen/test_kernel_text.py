@@ -1,8 +1,8 @@
 """Kernel IR text: printing and parsing round-trip; clear errors with line:col; the verifier."""
 import pytest
 
-from cuvil.codegen.kernel_ir import (Buffer, Call, Const, Kernel, Let, Load, Loop, Store, Var, loop_var,
-                                     verify_kernel)
+from cuvil.codegen.kernel_ir import (Buffer, Call, Cast, Const, Index, Kernel, Let, Load, Loop, Store, Var, loop_var,
+                                     scalar_index, verify_kernel)
 from cuvil.codegen.kernel_text import parse_kernel, parse_kernels, print_kernel, print_kernels
 from cuvil.errors import CuvilParseError, CuvilVerifyError
 from cuvil.ir import DType, sym
@@ -132,3 +132,21 @@ def test_verifier_rejects_misplaced_parallel_loop_and_unknown_names():
     two = [Loop(v, 0, 8, [Store(x, [loop_var(v)], Const(0.0, DType.f32))], parallel=True) for v in "ab"]
     with pytest.raises(CuvilVerifyError, match="more than one parallel loop"):
         verify_kernel(Kernel("k", [x], [], two))
+
+
+def test_an_index_value_may_use_an_integer_scalar_defined_before_it():
+    # a depthwise convolution's border code binds each tap's clamped column once per output
+    # position, from the position itself bound as a scalar
+    text = """\
+kernel @k(%x: in i64[4], %y: out f32[4]) {
+  %n = %x[0]
+  %i = index(min(3, max(0, n - 1)))
+  %y[i] = cast<f32>(index(n + 1))
+}
+"""
+    kernel = parse_kernel(text)
+    verify_kernel(kernel)
+    assert print_kernel(kernel) == text
+    x, y = Buffer("x", DType.i64, [4], "in"), Buffer("y", DType.f32, [4], "out")
+    with pytest.raises(CuvilVerifyError, match="index\\(...\\) uses n, which is neither"):
+        verify_kernel(Kernel("k", [x, y], [], [Store(y, [0], Cast(Index(scalar_index("n") + 1), DType.f32))]))
