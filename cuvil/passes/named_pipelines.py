@@ -6,7 +6,7 @@
 - O2: O1 plus compile-time folding of weights (batch norm into convolutions, weight-only
   subgraphs), attention written out as one op, and stacking of linears that share an input, then
   the program passes: latency-aware schedule and arena planning.
-- O3: O2 plus `layout`: convolutions and pools in NHWC with pre-packed weights. The default.
+- O3: O2 plus `layout`: convolutions and pools in NHWC where it pays, with pre-packed weights. The default.
 """
 from .registry import register_pipeline
 

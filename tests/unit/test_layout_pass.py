@@ -116,7 +116,7 @@ def test_single_conv_function_is_converted_but_min_convs_can_keep_it():
     report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2 panel-width=32}", native=False)
     assert layout_statistics(report) == {"converted": {}, "kept": {"conv2d": 1}, "weights-packed": 0,
                                          "conv-panels": 0, "linears-packed": 0, "panel-width": 32,
-                                         "conversions-inserted": 0, "sunk": 0, "hoisted": 0, "cancelled": 0,
+                                         "regions-converted": 0, "regions-kept": 0, "conversions-inserted": 0, "sunk": 0, "hoisted": 0, "cancelled": 0,
                                          "conversions-left": 0}
 
 
@@ -144,3 +144,63 @@ def test_pool_over_a_direct_conv_in_one_kernel(pipeline):
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
     (kernel,) = compiled.report.kernels
     assert "kh_1" in kernel["kernel_ir"]
+
+
+def _depthwise_chain(count, channels=16, pool=False):
+    layers = [m for _ in range(count) for m in (nn.Conv2d(channels, channels, 3, padding=1, groups=channels), nn.ReLU6())]
+    return nn.Sequential(*layers, *([nn.MaxPool2d(2)] if pool else [])).eval()
+
+
+class ChannelsLastDepthwise(nn.Module):
+    """ConvNeXt's pattern: a depthwise convolution whose result the model itself permutes to
+    channels last."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)).permute(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("model, converted, left", [
+    # alone between NCHW tensors, a depthwise convolution over a 56-wide image gains less in NHWC
+    # than its two conversions cost (1.7x faster left in NCHW); three in a row pay for them
+    (_depthwise_chain(1), False, 0), (_depthwise_chain(2), False, 0), (_depthwise_chain(3), True, 2),
+    # a pool converts; so does a region that meets the model's own permute to channels last: the
+    # conversion after it cancels that permute, and the one before it is the only one left
+    (_depthwise_chain(1, pool=True), True, 2), (ChannelsLastDepthwise(), True, 1 - 1)])
+def test_a_region_of_depthwise_convolutions_converts_where_it_pays(model, converted, left):
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 56, 56)
+    compiled = cuvil.compile(model, cache=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    stats = layout_statistics(compiled.report)
+    convs = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    assert (stats["regions-converted"], stats["regions-kept"]) == ((1, 0) if converted else (0, 1))
+    assert stats["converted" if converted else "kept"]["conv2d"] == convs
+    assert stats["conversions-left"] == left     # (after, less before)
+
+
+def test_regions_are_decided_apart():
+    # a dense convolution's region converts; a depthwise convolution that only a flatten separates
+    # from it is a region of its own, and stays in NCHW
+    class TwoRegions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Conv2d(16, 16, 3, padding=1)
+            self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+
+        def forward(self, x):
+            y = torch.relu(self.dense(x))
+            return self.dw(y.flatten(2).unflatten(2, (56, 56)) + 1.0)
+
+    model = TwoRegions().eval()
+    x = torch.randn(1, 16, 56, 56)
+    compiled = cuvil.compile(model, cache=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    stats = layout_statistics(compiled.report)
+    assert (stats["regions-converted"], stats["regions-kept"]) == (1, 1)
+    assert stats["converted"] == {"conv2d": 1} and stats["kept"] == {"conv2d": 1}
