@@ -36,6 +36,7 @@ import sympy
 import torch
 
 from ..ir.core import Module, Operation, Value
+from ..ir.printer import value_names
 from ..codegen.target import Target
 from ..ir.ops.nn import PANEL_WIDTHS, TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, pack_panels
 from .base import ModulePass
@@ -80,6 +81,7 @@ class LayoutPass(ModulePass):
         kept: Counter = Counter()
         packed: Counter = Counter()
         regions: Counter = Counter()
+        decisions: list[dict] = []
         inserted = 0
         before = _conversions(module)
         for fn in module.functions.values():
@@ -88,9 +90,12 @@ class LayoutPass(ModulePass):
                 kept.update(op.name.removeprefix("cuvil.") for op in ops)
                 continue
             chosen: set[int] = set()
+            names, image = value_names(fn), {id(op) for op in ops}
             for members in _regions(fn, ops):
-                pays = self.convert_all or _region_pays(members)
+                pays, why = (True, "convert-all") if self.convert_all else _region_pays(members)
                 regions["converted" if pays else "kept"] += 1
+                decisions.append({"ops": ["%" + names[op.result] for op in members if id(op) in image],
+                                  "layout": "nhwc" if pays else "nchw", "why": why})
                 if pays:
                     chosen.update(id(op) for op in members)
             rw = Rewriter(module, fn)
@@ -110,7 +115,7 @@ class LayoutPass(ModulePass):
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
                 "weights-packed": packed["hwio"] + packed["panels"], "conv-panels": packed["panels"],
                 "linears-packed": linears, "panel-width": widest,
-                "regions-converted": regions["converted"], "regions-kept": regions["kept"],
+                "regions-converted": regions["converted"], "regions-kept": regions["kept"], "regions": decisions,
                 "conversions-inserted": inserted,
                 "sunk": fired["sink_conversion"] + fired["sink_conversion_through_pad"],
                 "hoisted": fired["hoist_conversion"] + fired["hoist_conversion_above_pad"],
@@ -158,24 +163,24 @@ DEPTHWISE_NCHW_US, DEPTHWISE_NARROW_NCHW_US, DEPTHWISE_NHWC_US, CONVERSION_US = 
 NARROW_IMAGE = 28
 
 
-def _region_pays(region: list[Operation]) -> bool:
-    """Whether running `region` in NHWC beats leaving it in NCHW: always with a dense convolution
-    (an implicit GEMM) or a pool in it, or where it meets the model's own permutes to or from
-    channels last (the conversions cancel); for depthwise convolutions alone, where their gain
-    outweighs the conversions at the region's edges (its inputs from outside, its results read
-    outside)."""
+def _region_pays(region: list[Operation]) -> tuple[bool, str]:
+    """Whether running `region` in NHWC beats leaving it in NCHW, and why: always with a dense
+    convolution (an implicit GEMM) or a pool in it, or where it meets the model's own permutes to
+    or from channels last (the conversions cancel); for depthwise convolutions alone, where their
+    gain outweighs the conversions at the region's edges (its inputs from outside, its results
+    read outside)."""
     inside = {id(op) for op in region}
     depthwise = []
     for op in region:
         if op.name in IMAGE_OPS and not (op.name == "cuvil.conv2d" and _depthwise(op)):
-            return True
+            return True, "a dense convolution (an implicit GEMM)" if op.name == "cuvil.conv2d" else "a pool"
         if op.name == "cuvil.conv2d":
             depthwise.append(op)
         if any(u.name == "cuvil.permute" and tuple(u.attrs["perm"]) == TO_NHWC for u in op.result.uses):
-            return True
+            return True, "the model permutes its result to channels last"
         if any((p := producer(v)) is not None and p.name == "cuvil.permute" and tuple(p.attrs["perm"]) == TO_NCHW
                for v in op.operands):
-            return True
+            return True, "the model permutes its input from channels last"
     edges: dict[int, Value] = {}
     for op in region:
         image = op.name in IMAGE_OPS
@@ -186,7 +191,9 @@ def _region_pays(region: list[Operation]) -> bool:
             edges[id(op.result)] = op.result
     gain = sum(((DEPTHWISE_NARROW_NCHW_US if _width(op.result) < NARROW_IMAGE else DEPTHWISE_NCHW_US)
                 - DEPTHWISE_NHWC_US) * _megabytes(op.result) for op in depthwise)
-    return gain > CONVERSION_US * sum(_megabytes(v) for v in edges.values())
+    cost = CONVERSION_US * sum(_megabytes(v) for v in edges.values())
+    return gain > cost, (f"NHWC would save {len(depthwise)} depthwise convolution(s) ~{gain:.3g} us for "
+                         f"{len(edges)} conversion(s) of ~{cost:.3g} us")
 
 
 def _depthwise(op: Operation) -> bool:
