@@ -201,14 +201,17 @@ def _depthwise(op: Operation) -> bool:
 
 
 def _megabytes(v: Value) -> float:
-    """v's size, with each dynamic dim taken at 16."""
-    n = sympy.sympify(v.type.numel())
-    return float(n.subs({s: 16 for s in n.free_symbols})) * v.type.dtype.itemsize / 1e6
+    return _estimate(v.type.numel()) * v.type.dtype.itemsize / 1e6
 
 
 def _width(v: Value) -> float:
-    w = sympy.sympify(v.type.shape[3])
-    return float(w.subs({s: 16 for s in w.free_symbols}))
+    return _estimate(v.type.shape[3])
+
+
+def _estimate(size) -> float:
+    """A size with each dynamic dim in it taken at 16."""
+    size = sympy.sympify(size)
+    return float(size.subs({s: 16 for s in size.free_symbols}))
 
 
 def _pack_linear(rw: Rewriter, op: Operation, widest: int) -> int:
