@@ -1,4 +1,5 @@
-"""Benchmark-only models: the zoo has no pure elementwise chain, no sampling step and no ConvNeXt block."""
+"""Benchmark-only models: the zoo has no pure elementwise chain, no sampling step, no ConvNeXt block
+and no Conformer convolution module."""
 from __future__ import annotations
 
 import torch
@@ -59,3 +60,23 @@ class ConvNeXtBlock(nn.Module):
         y = self.dwconv(x).permute(0, 2, 3, 1)
         y = self.pwconv2(torch.nn.functional.gelu(self.pwconv1(self.norm(y))))
         return x + (self.gamma * y).permute(0, 3, 1, 2)
+
+
+class ConformerConvModule(nn.Module):
+    """A Conformer's convolution module over a sequence of frames: layer norm, a pointwise 1-d
+    convolution to twice the width and a GLU, a depthwise 1-d convolution, batch norm, SiLU, a
+    pointwise convolution back, and the residual, with the transposes between the token order and
+    the convolutions' channels-first order."""
+
+    def __init__(self, dim: int = 144, kernel: int = 31):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.pointwise1 = nn.Conv1d(dim, 2 * dim, 1)
+        self.depthwise = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
+        self.batch_norm = nn.BatchNorm1d(dim)
+        self.pointwise2 = nn.Conv1d(dim, dim, 1)
+
+    def forward(self, x):
+        y = torch.nn.functional.glu(self.pointwise1(self.norm(x).transpose(1, 2)), dim=1)
+        y = torch.nn.functional.silu(self.batch_norm(self.depthwise(y)))
+        return x + self.pointwise2(y).transpose(1, 2)

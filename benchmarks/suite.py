@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 ELTWISE = "eltwise"     # the model name of `benchmarks.models.EltwiseChain`
 SAMPLING = "sampling"   # and of `benchmarks.models.SamplingFilters`
 CONVNEXT = "convnext_block"   # and of `benchmarks.models.ConvNeXtBlock`
+CONFORMER = "conformer_conv"  # and of `benchmarks.models.ConformerConvModule`
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,19 @@ class Case:
         if self.model == CONVNEXT:
             import torch
             from .models import ConvNeXtBlock
-            gen = torch.Generator().manual_seed(1234)
-            model = ConvNeXtBlock(self.sizes["channels"]).eval()
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+            model, gen = _seeded(ConvNeXtBlock(self.sizes["channels"]))
             x = torch.randn(self.sizes["batch"], self.sizes["channels"], self.sizes["size"], self.sizes["size"],
                             generator=gen)
             return Built(model, (x,), [{0: "batch"}])
+        if self.model == CONFORMER:
+            import torch
+            from .models import ConformerConvModule
+            model, gen = _seeded(ConformerConvModule(self.sizes["dim"]))
+            with torch.no_grad():
+                model.batch_norm.running_mean.copy_(torch.randn(self.sizes["dim"], generator=gen) * 0.1)
+                model.batch_norm.running_var.copy_(torch.rand(self.sizes["dim"], generator=gen) + 0.5)
+            x = torch.randn(self.sizes["batch"], self.sizes["frames"], self.sizes["dim"], generator=gen)
+            return Built(model, (x,), [{0: "batch", 1: "frames"}])
         if self.model in (ELTWISE, SAMPLING):
             import torch
             from .models import EltwiseChain, SamplingFilters
@@ -51,6 +57,17 @@ class Case:
         return Built(entry.model, entry.inputs(**self.sizes), entry.dynamic)
 
 
+def _seeded(model):
+    """`model` in eval mode, its parameters drawn from a fixed seed (times 0.1), and the generator
+    for its inputs."""
+    import torch
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model.eval(), gen
+
+
 SUITE: tuple[Case, ...] = (
     Case("mlp_b1", "mlp", {"batch": 1}, "MLP 512-1024-1024-10, batch 1"),
     Case("mlp_b64", "mlp", {"batch": 64}, "MLP 512-1024-1024-10, batch 64"),
@@ -62,6 +79,8 @@ SUITE: tuple[Case, ...] = (
     Case("eltwise_1m", ELTWISE, {"rows": 1024, "cols": 1024}, "20-op elementwise chain, 1024x1024"),
     Case("convnext_b1", CONVNEXT, {"batch": 1, "channels": 96, "size": 56},
          "ConvNeXt block (7x7 depthwise, layer norm, 4x MLP), 96x56x56, batch 1"),
+    Case("conformer_b1", CONFORMER, {"batch": 1, "frames": 500, "dim": 144},
+         "Conformer convolution module (1-d convolutions, GLU, 31-tap depthwise, batch norm), 144 x 500 frames"),
     Case("sampling_32k", SAMPLING, {"rows": 1, "cols": 32000}, "sampling filters (top-50, top-p 0.9) over 32000 "
          "logits"),
 )

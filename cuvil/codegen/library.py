@@ -674,7 +674,7 @@ def conv2d_depthwise(lw, op):
     x, w = op.operands[:2]
     T = _raw_buffer(lw, op)
     _materialize(lw, op, T, 3 if nhwc else 1)
-    if nhwc and lw.row_major_input(x) is not None and _in_place_pays(op):
+    if nhwc and lw.reads_row_major(x) and _in_place_pays(op):
         _depthwise_in_place(lw, op, T)
         return
     N = x.type.shape[0]

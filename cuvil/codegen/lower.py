@@ -36,6 +36,7 @@ from ..errors import CuvilUnsupportedOpError, CuvilVerifyError
 from ..index_inputs import index_outside
 from ..ir.core import Function, Operation, Value
 from ..ir.ops.common import is_one
+from ..ir.ops.layout import RESHAPES
 from ..ir.types import DType, dim_str, dims_equal, norm_dim
 from . import scalar_ops
 from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, floor_div, index_max, index_min,
@@ -79,9 +80,6 @@ def op_kind(op: Operation) -> str:
 REMATERIALIZED = frozenset({"inline", "view"})
 
 
-ALIAS_VIEWS = frozenset({"cuvil.reshape", "cuvil.squeeze", "cuvil.unsqueeze"})
-
-
 def alias_base(v: Value) -> Value | None:
     """The value whose memory `v` reads, when `v` needs no kernel of its own: a reshape (squeeze,
     unsqueeze) lists the elements of its operand in their order, so where the operand is in memory
@@ -90,7 +88,7 @@ def alias_base(v: Value) -> Value | None:
     copied first (`hidden.view(-1, d)[rows]`: the whole hidden state per lookup). None for any
     other value, and for a returned one, which gets a buffer of its own."""
     op = v.owner
-    if not isinstance(op, Operation) or op.name not in ALIAS_VIEWS or any(u.name == "cuvil.return" for u in v.uses):
+    if not isinstance(op, Operation) or op.name not in RESHAPES or any(u.name == "cuvil.return" for u in v.uses):
         return None
     src = op.operands[0]
     owner = src.owner
@@ -504,12 +502,16 @@ class GroupLowering:
             return id(v) in self.read_from_memory and alias_base(v) is not None
         return v.owner.name not in INLINE_OPS or id(v) in self.read_from_memory
 
-    def row_major_input(self, v: Value) -> Buffer | None:
-        """The buffer the group reads `v` from, when it reads it from memory in row-major order."""
-        if not self._is_source(v) or id(v) not in self.inputs:
-            return None
-        buf = self.inputs[id(v)]
-        return buf if buf.strides is None else None
+    def reads_row_major(self, v: Value) -> bool:
+        """Whether the group reads `v` from memory in row-major order: an input so stored, or a
+        reshape in the group of one (a reshape keeps the order: a transformer's tokens read as an
+        NHWC image)."""
+        while not (self._is_source(v) and id(v) in self.inputs):
+            p = v.owner
+            if isinstance(p, Function) or id(p) not in self.members or p.name not in RESHAPES:
+                return False
+            v = p.operands[0]
+        return self.inputs[id(v)].strides is None
 
     def _buffer(self, v: Value, role: str) -> Buffer:
         self.values.append(stored(v) if role == "in" else v)

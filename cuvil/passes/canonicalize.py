@@ -11,6 +11,7 @@ import torch
 
 from ..errors import CuvilPassError
 from ..ir.core import Module, Operation, Value
+from ..ir.ops.layout import RESHAPES
 from ..ir.ops.nn import conv_padding, spatial_axes
 from ..ir.types import DType, TensorType
 from .base import ModulePass
@@ -25,8 +26,8 @@ class CanonicalizePass(ModulePass):
     """Fold constants, apply algebraic identities and simplify view chains, to a fixpoint.
 
     Identities: x+(-0.0), x-0, x*1, x/1, x*0 (integers), neg(neg x), relu(relu x), cast of an exact
-    cast. Views: reshape of reshape, permute of permute, and no-op reshape/expand/permute/slice/
-    squeeze/unsqueeze pairs and casts to the same dtype. A zero pad of a convolution's image
+    cast. Views: a reshape (squeeze, unsqueeze) of one, permute of permute, and no-op
+    reshape/squeeze/expand/permute/slice and casts to the same dtype. A zero pad of a convolution's image
     becomes the convolution's padding."""
     name = "canonicalize"
     priority = 100
@@ -197,16 +198,21 @@ def cast_cast(op: Operation, rw: Rewriter) -> bool:
 
 # ----------------------------------------------------------------------------- views
 
-def reshape_noop(op: Operation, rw: Rewriter) -> bool:
+def view_noop(op: Operation, rw: Rewriter) -> bool:
+    """A reshape (squeeze, unsqueeze) to its operand's own shape is its operand."""
     return _replace_if_same(op, op.operands[0], rw)
 
 
-def reshape_reshape(op: Operation, rw: Rewriter) -> bool:
-    inner = _inner(op, "cuvil.reshape")
-    if inner is None:
+def view_of_view(op: Operation, rw: Rewriter) -> bool:
+    """A reshape (squeeze, unsqueeze) of one is one reshape of the first's operand, or that operand
+    itself where the shapes agree (an unsqueeze of a squeeze)."""
+    inner = producer(op.operands[0])
+    if inner is None or inner.name not in RESHAPES:
         return False
-    new = rw.create(op, "cuvil.reshape", inner.operands, {"shape": op.attrs["shape"]})
-    rw.replace(op, new.results)
+    source = inner.operands[0]
+    if not _replace_if_same(op, source, rw):
+        shape = op.attrs["shape"] if op.name == "cuvil.reshape" else list(op.result.type.shape)
+        rw.replace(op, rw.create(op, "cuvil.reshape", [source], {"shape": shape}).results)
     return True
 
 
@@ -258,22 +264,6 @@ def conv_of_padded(op: Operation, rw: Rewriter) -> bool:
     return True
 
 
-def squeeze_noop(op: Operation, rw: Rewriter) -> bool:
-    return not op.attrs["dims"] and _replace_if_same(op, op.operands[0], rw)
-
-
-def squeeze_unsqueeze(op: Operation, rw: Rewriter) -> bool:
-    inner = _inner(op, "cuvil.unsqueeze")
-    return (inner is not None and list(op.attrs["dims"]) == [inner.attrs["dim"]]
-            and _replace_if_same(op, inner.operands[0], rw))
-
-
-def unsqueeze_squeeze(op: Operation, rw: Rewriter) -> bool:
-    inner = _inner(op, "cuvil.squeeze")
-    return (inner is not None and list(inner.attrs["dims"]) == [op.attrs["dim"]]
-            and _replace_if_same(op, inner.operands[0], rw))
-
-
 PATTERNS = {
     "cuvil.add": [add_zero],
     "cuvil.sub": [sub_zero],
@@ -282,12 +272,10 @@ PATTERNS = {
     "cuvil.neg": [neg_neg],
     "cuvil.relu": [relu_relu],
     "cuvil.cast": [cast_same, cast_cast],
-    "cuvil.reshape": [reshape_noop, reshape_reshape],
+    **{name: [view_noop, view_of_view] for name in RESHAPES},
     "cuvil.permute": [permute_identity, permute_permute],
     "cuvil.expand": [expand_noop],
     "cuvil.slice": [slice_whole],
     "cuvil.pad": [pad_nothing],
     "cuvil.conv2d": [conv_of_padded],
-    "cuvil.squeeze": [squeeze_noop, squeeze_unsqueeze],
-    "cuvil.unsqueeze": [unsqueeze_squeeze],
 }

@@ -1,5 +1,6 @@
 """The `fold-batchnorm` pass: an inference batch norm right after a conv2d (or a linear, for
-BatchNorm1d) is an affine map per output channel, so it folds into that op's weight and bias:
+BatchNorm1d; or a 1-d convolution, a conv2d behind a squeeze) is an affine map per output channel,
+so it folds into that op's weight and bias:
 
     s  = gamma / sqrt(var + eps)
     w' = w * s (per output channel, dim 0 of the weight)
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..ir.core import Module, Operation, Value
-from ..ir.types import TensorType
+from ..ir.ops.layout import RESHAPES
+from ..ir.types import TensorType, dims_equal
 from .base import ModulePass
 from .fold_constants import add_constant
 from .registry import register_pass
@@ -53,9 +55,20 @@ class FoldBatchNormPass(ModulePass):
         return {"folded": folded, "skipped": dict(sorted(skipped.items()))}
 
 
+def _producer(bn: Operation) -> tuple[Operation | None, Operation | None]:
+    """The op whose result `bn` normalises, and the view between them that keeps the batch and the
+    channels as dims 0 and 1 (a 1-d convolution's squeeze), if any."""
+    p = producer(bn.operands[0])
+    if p is None or p.name not in RESHAPES or len(p.result.uses) != 1:
+        return p, None
+    shape, viewed = p.operands[0].type.shape, p.result.type.shape
+    keeps = len(shape) > 2 and len(viewed) > 2 and all(dims_equal(shape[i], viewed[i]) for i in (0, 1))
+    return (producer(p.operands[0]), p) if keeps else (p, None)
+
+
 def _refusal(module: Module, bn: Operation) -> str | None:
     """Why `bn` cannot be folded (a statistics key), or None."""
-    p = producer(bn.operands[0])
+    p, _ = _producer(bn)
     if p is None or p.name not in FOLDABLE_PRODUCERS:
         return "not-after-conv-or-linear"
     if p.name == "cuvil.conv2d" and p.attrs["layout"] != "nchw":
@@ -79,7 +92,7 @@ def _data(rw: Rewriter, v: Value | None) -> torch.Tensor | None:
 
 
 def _fold(rw: Rewriter, bn: Operation) -> None:
-    p = bn.operands[0].owner
+    p, view = _producer(bn)
     x, w_value, *b_value = p.operands
     mean, var, gamma, beta = (_data(rw, v) for v in (*bn.operands[1:], None, None)[:4])   # weight?, bias?
     w, b = _data(rw, w_value), _data(rw, b_value[0] if b_value else None)
@@ -101,6 +114,8 @@ def _fold(rw: Rewriter, bn: Operation) -> None:
                         result_types=[TensorType(w_value.type.dtype, tuple(data.shape))], loc=p.loc).result
               for stem, data in [(w_name, new_w), (b_stem, shift.to(w.dtype))]]
     new = rw.create(bn, p.name, [x, *consts], dict(p.attrs), result_types=[p.result.type], loc=p.loc)
+    if view is not None:
+        new = rw.create(bn, view.name, new.results, dict(view.attrs), result_types=[view.result.type], loc=view.loc)
     rw.replace(bn, new.results)
 
 

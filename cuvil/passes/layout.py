@@ -2,8 +2,12 @@
 
 In NHWC a convolution's im2col rows are runs of contiguous channels, a 1x1 convolution is one GEMM
 over every image at once, and the epilogues and pools that follow walk the channels with unit
-stride. The pass works in three steps:
+stride. The pass works in these steps:
 
+0. views: the token views around image ops become rank-4 permutes (a transformer's
+   `x.transpose(1, 2).reshape(B, C, H, W)`: `_expose_channels_last_views`), and elementwise ops
+   and slices that read an image op's result through a reshape (a 1-d convolution's squeeze) move
+   above it (`lift_through_view`), so that they join the image ops' regions;
 1. convert: each NCHW conv2d and pooling op becomes its NHWC form between two conversions,
        permute(x, to NHWC) -> op {layout = "nhwc"} -> permute(result, to NCHW),
    and a convolution's weight is pre-packed at compile time (a new module constant): blocked in
@@ -13,15 +17,15 @@ stride. The pass works in three steps:
 2. sink: a conversion to NCHW moves below the elementwise ops that read it, when their other
    operands are conversions too, already converted (a residual input that also feeds a converted
    conv), constants or broadcasts of lower rank (these are reshaped and permuted instead, which is
-   folded work for a constant and a cheap view otherwise), and below a pad;
+   folded work for a constant and a cheap view otherwise), and below a pad or a slice;
 3. cancel: `permute(permute(x, p), q)` with `p` then `q` the identity is `x` (canonicalize's
    patterns). What is left are the conversions at the function's edges and before ops that need
    NCHW, such as a flatten; the statistics count them;
 4. hoist: a conversion left below an op that reads an NCHW value through its NHWC view (a
    residual of the function's input) moves back above it (`hoist_conversion`).
 
-Which ops convert is decided per region: image ops joined by the elementwise ops and pads between
-them, along which conversions sink and meet. A region with a dense convolution (an implicit GEMM,
+Which ops convert is decided per region: image ops joined by the elementwise ops, pads and
+slices between them, along which conversions sink and meet. A region with a dense convolution (an implicit GEMM,
 1.6x faster in NHWC) or a pool converts, as does one that meets the model's own permutes to or
 from channels last (ConvNeXt's), whose conversions cancel. A region of depthwise convolutions
 alone converts only where their gain pays for the conversions at its edges (`_region_pays`): a
@@ -37,10 +41,12 @@ import torch
 
 from ..ir.core import Module, Operation, Value
 from ..ir.printer import value_names
+from ..ir.types import dims_equal
 from ..codegen.target import Target
+from ..ir.ops.layout import RESHAPES
 from ..ir.ops.nn import PANEL_WIDTHS, TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, pack_panels
 from .base import ModulePass
-from .canonicalize import permute_identity, permute_permute
+from .canonicalize import permute_identity, permute_permute, view_noop, view_of_view
 from .fold_constants import add_constant
 from .registry import register_pass
 from .rewrite import ANY_OP, Rewriter, apply_patterns, producer
@@ -84,9 +90,13 @@ class LayoutPass(ModulePass):
         decisions: list[dict] = []
         inserted = 0
         before = _conversions(module)
+        targets = [fn for fn in module.functions.values()
+                   if sum(op.name == "cuvil.conv2d" and _convertible(op) for op in fn.ops) >= self.min_convs]
+        views = sum(_expose_channels_last_views(Rewriter(module, fn)) for fn in targets)
+        lifted = _lift_through_views(module) if targets else 0
         for fn in module.functions.values():
             ops = [op for op in fn.ops if _convertible(op)]
-            if sum(op.name == "cuvil.conv2d" for op in ops) < self.min_convs:
+            if not any(fn is t for t in targets):
                 kept.update(op.name.removeprefix("cuvil.") for op in ops)
                 continue
             chosen: set[int] = set()
@@ -109,17 +119,154 @@ class LayoutPass(ModulePass):
         linears = sum(_pack_linear(Rewriter(module, fn), op, widest) for fn in module.functions.values()
                       for op in list(fn.ops) if self.pack_linear and op.name == "cuvil.linear")
         fired = apply_patterns(module, {ANY_OP: [sink_conversion], "cuvil.pad": [sink_conversion_through_pad],
+                                        "cuvil.slice": [sink_conversion_through_slice],
                                         "cuvil.permute": [permute_permute, permute_identity,
                                                           hoist_conversion_above_pad]})
         fired += apply_patterns(module, {"cuvil.permute": [hoist_conversion, permute_permute, permute_identity]})
+        lifted += _lift_through_views(module) if targets else 0
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
                 "weights-packed": packed["hwio"] + packed["panels"], "conv-panels": packed["panels"],
                 "linears-packed": linears, "panel-width": widest,
                 "regions-converted": regions["converted"], "regions-kept": regions["kept"], "regions": decisions,
-                "conversions-inserted": inserted,
-                "sunk": fired["sink_conversion"] + fired["sink_conversion_through_pad"],
+                "channels-last-views": views, "lifted-through-views": lifted, "conversions-inserted": inserted,
+                "sunk": fired["sink_conversion"] + fired["sink_conversion_through_pad"] +
+                fired["sink_conversion_through_slice"],
                 "hoisted": fired["hoist_conversion"] + fired["hoist_conversion_above_pad"],
                 "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
+
+
+def _expose_channels_last_views(rw: Rewriter) -> int:
+    """Rewrite the token <-> image views around image ops so that their permutes are rank 4:
+    reshape(permute(x, p)) that splits dims -> permute(reshape(x), p'), and permute(reshape(y))
+    that merges dims -> reshape(permute(y, p'')). A transformer's `x.transpose(1, 2).reshape(B, C,
+    H, W)` in front of a convolution (SegFormer's and PVTv2's MixFFN, a Conformer's convolution
+    module) is then the model's own permute from channels last, which the conversion to NHWC
+    cancels: the convolution reads the tokens where they lie. Returns the views rewritten."""
+    count = 0
+    for op in list(rw.fn.ops):
+        if not rw.alive(op):
+            continue
+        if op.name in RESHAPES and op.result.type.rank == 4 and any(_in_region(u) for u in op.result.uses):
+            count += _permute_after_reshape(rw, op)
+        elif op.name == "cuvil.permute" and (r := producer(op.operands[0])) is not None and r.name in RESHAPES \
+                and r.operands[0].type.rank == 4 and (y := producer(r.operands[0])) is not None and _in_region(y):
+            count += _permute_before_reshape(rw, op, r)
+    return count
+
+
+def _lift_through_views(module: Module) -> int:
+    """Elementwise ops that read an image op's result through a reshape (a 1-d convolution's
+    squeeze, the flatten back to tokens) move above it, with the views of their other operands
+    folded: a 1-d CNN's activations then sit between its convolutions at rank 4, in one region,
+    and the fuser applies them in the convolutions' epilogues. Returns the ops moved."""
+    views = {name: [view_noop, view_of_view] for name in RESHAPES}
+    fired = apply_patterns(module, {ANY_OP: [lift_through_view], **views})
+    return fired["lift_through_view"]
+
+
+def lift_through_view(op: Operation, rw: Rewriter) -> bool:
+    """elementwise(view(y), ...) -> view(elementwise(y, ...)) for a rank-4 y in an image region,
+    when the op's other operands are scalars or have its shape (viewed as y's in turn); and
+    slice(view(y)) -> view(slice(y)) along the dim of y that the sliced one is (a GLU's halves)."""
+    if len(op.results) != 1 or op.result.type.rank == 4:
+        return False
+    if op.name == "cuvil.slice":
+        return _lift_slice(op, rw)
+    if not op.has_tag("elementwise"):
+        return False
+    view = next((p for v in op.operands if (p := _image_view(v)) is not None), None)
+    shape, out = (view.operands[0].type.shape, op.result.type.shape) if view is not None else ((), ())
+    if view is None or not all(v.type.rank == 0 or _same_shape(v.type.shape, out) for v in op.operands):
+        return False
+    operands = []
+    for v in op.operands:
+        p = producer(v)
+        if v.type.rank == 0 or (p is not None and p.name in RESHAPES and _same_shape(p.operands[0].type.shape, shape)):
+            operands.append(v if v.type.rank == 0 else p.operands[0])
+        else:
+            operands.append(rw.create(op, "cuvil.reshape", [v], {"shape": list(shape)}).result)
+    lifted = rw.create(op, op.name, operands, dict(op.attrs))
+    rw.replace(op, rw.create(op, "cuvil.reshape", [lifted.result], {"shape": list(out)}).results)
+    return True
+
+
+def _lift_slice(op: Operation, rw: Rewriter) -> bool:
+    view = _image_view(op.operands[0])
+    if view is None:
+        return False
+    y = view.operands[0]
+    groups = _split(view.result.type.shape, y.type.shape)
+    dims = [j for j in groups[op.attrs["dim"] % op.result.type.rank] if not dims_equal(y.type.shape[j], 1)] \
+        if groups is not None else []
+    if len(dims) != 1:
+        return False
+    sliced = rw.create(op, "cuvil.slice", [y], {**op.attrs, "dim": dims[0]}).result
+    rw.replace(op, rw.create(op, "cuvil.reshape", [sliced], {"shape": list(op.result.type.shape)}).results)
+    return True
+
+
+def _image_view(v: Value) -> Operation | None:
+    """The reshape (squeeze, unsqueeze) that `v` is of a rank-4 value in an image region, if any."""
+    p = producer(v)
+    ok = p is not None and p.name in RESHAPES and p.operands[0].type.rank == 4 and \
+        (q := producer(p.operands[0])) is not None and _in_region(q)
+    return p if ok else None
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(dims_equal(x, y) for x, y in zip(a, b))
+
+
+def _in_region(op: Operation) -> bool:
+    return op.name in IMAGE_OPS or _carries_layout(op)
+
+
+def _permute_after_reshape(rw: Rewriter, reshape: Operation) -> int:
+    """reshape(permute(x, p)) whose reshape only splits dims -> permute(reshape(x), p')."""
+    permute = producer(reshape.operands[0])
+    if permute is None or permute.name != "cuvil.permute":
+        return 0
+    x, perm = permute.operands[0], permute.attrs["perm"]
+    shape = reshape.result.type.shape
+    groups = _split(permute.result.type.shape, shape)
+    if groups is None:
+        return 0
+    order = [j for d in range(x.type.rank) for j in groups[perm.index(d)]]    # x's dims split, in x's order
+    split = rw.create(reshape, "cuvil.reshape", [x], {"shape": [shape[j] for j in order]}).result
+    perm = [order.index(j) for j in range(len(shape))]
+    rw.replace(reshape, rw.create(reshape, "cuvil.permute", [split], {"perm": perm}).results)
+    return 1
+
+
+def _permute_before_reshape(rw: Rewriter, permute: Operation, reshape: Operation) -> int:
+    """permute(reshape(y), p) whose reshape only merges dims of y -> reshape(permute(y, p''))."""
+    y = reshape.operands[0]
+    groups = _split(reshape.result.type.shape, y.type.shape)
+    if groups is None:
+        return 0
+    moved = rw.create(permute, "cuvil.permute", [y], {"perm": [j for d in permute.attrs["perm"] for j in groups[d]]})
+    rw.replace(permute, rw.create(permute, "cuvil.reshape", [moved.result],
+                                  {"shape": list(permute.result.type.shape)}).results)
+    return 1
+
+
+def _split(whole, parts) -> list[list[int]] | None:
+    """For each dim of `whole`, the consecutive dims of `parts` it splits into, in order (a 1 in
+    `parts` goes with the dim after it, or the last); None when `parts` is not such a split."""
+    groups, j = [], 0
+    for size in whole:
+        start, product = j, 1
+        while j < len(parts):
+            product, j = product * parts[j], j + 1
+            if dims_equal(product, size):
+                break
+        else:
+            return None
+        groups.append(list(range(start, j)))
+    if not all(dims_equal(parts[i], 1) for i in range(j, len(parts))) or not groups:
+        return None
+    groups[-1] += list(range(j, len(parts)))
+    return groups
 
 
 def _convertible(op: Operation) -> bool:
@@ -127,8 +274,9 @@ def _convertible(op: Operation) -> bool:
 
 
 def _carries_layout(op: Operation) -> bool:
-    """An op a conversion sinks through: elementwise over rank-4 tensors, or a pad."""
-    return len(op.results) == 1 and op.result.type.rank == 4 and (op.has_tag("elementwise") or op.name == "cuvil.pad")
+    """An op a conversion sinks through: elementwise over rank-4 tensors, a pad or a slice."""
+    return len(op.results) == 1 and op.result.type.rank == 4 and (
+        op.has_tag("elementwise") or op.name in ("cuvil.pad", "cuvil.slice"))
 
 
 def _regions(fn, image_ops: list[Operation]) -> list[list[Operation]]:
@@ -314,6 +462,17 @@ def sink_conversion_through_pad(op: Operation, rw: Rewriter) -> bool:
         return False
     padded = rw.create(op, "cuvil.pad", [producer(op.operands[0]).operands[0]], _nhwc_pad(op)).result
     rw.replace(op, rw.create(op, "cuvil.permute", [padded], {"perm": list(TO_NCHW)}).results)
+    return True
+
+
+def sink_conversion_through_slice(op: Operation, rw: Rewriter) -> bool:
+    """slice(permute(y, to NCHW)) -> permute(slice(y), to NCHW), along y's own dim: the halves of
+    a GLU between two convolutions (a Conformer's) otherwise keep a conversion to NCHW and back."""
+    if op.result.type.rank != 4 or not _is_conversion(op.operands[0]):
+        return False
+    attrs = {**op.attrs, "dim": TO_NHWC.index(op.attrs["dim"] % 4)}
+    sliced = rw.create(op, "cuvil.slice", [producer(op.operands[0]).operands[0]], attrs).result
+    rw.replace(op, rw.create(op, "cuvil.permute", [sliced], {"perm": list(TO_NCHW)}).results)
     return True
 
 

@@ -3,6 +3,7 @@ PyTorch, its statistics checked by hand against the models' structure, sinking t
 adds and per-channel parameters, and the `layout` attribute's checks."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import cuvil
@@ -116,8 +117,9 @@ def test_single_conv_function_is_converted_but_min_convs_can_keep_it():
     report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2 panel-width=32}", native=False)
     assert layout_statistics(report) == {"converted": {}, "kept": {"conv2d": 1}, "weights-packed": 0,
                                          "conv-panels": 0, "linears-packed": 0, "panel-width": 32,
-                                         "regions-converted": 0, "regions-kept": 0, "regions": [], "conversions-inserted": 0, "sunk": 0, "hoisted": 0, "cancelled": 0,
-                                         "conversions-left": 0}
+                                         "regions-converted": 0, "regions-kept": 0, "regions": [],
+                                         "channels-last-views": 0, "lifted-through-views": 0, "conversions-inserted": 0,
+                                         "sunk": 0, "hoisted": 0, "cancelled": 0, "conversions-left": 0}
 
 
 def test_unknown_layout_is_a_verify_error_with_its_location():
@@ -193,8 +195,9 @@ def test_a_region_of_depthwise_convolutions_converts_where_it_pays(model, conver
 
 
 def test_regions_are_decided_apart():
-    # a dense convolution's region converts; a depthwise convolution that only a flatten separates
-    # from it is a region of its own, and stays in NCHW
+    # a dense convolution's region converts; a depthwise convolution that a softmax over the
+    # flattened image separates from it is a region of its own, and stays in NCHW (a flatten and
+    # unflatten alone are no separation: the views cancel)
     class TwoRegions(nn.Module):
         def __init__(self):
             super().__init__()
@@ -203,7 +206,7 @@ def test_regions_are_decided_apart():
 
         def forward(self, x):
             y = torch.relu(self.dense(x))
-            return self.dw(y.flatten(2).unflatten(2, (56, 56)) + 1.0)
+            return self.dw(y.flatten(2).softmax(-1).unflatten(2, (56, 56)) + 1.0)
 
     model = TwoRegions().eval()
     x = torch.randn(1, 16, 56, 56)
@@ -213,3 +216,122 @@ def test_regions_are_decided_apart():
     stats = layout_statistics(compiled.report)
     assert (stats["regions-converted"], stats["regions-kept"]) == (1, 1)
     assert stats["converted"] == {"conv2d": 1} and stats["kept"] == {"conv2d": 1}
+
+
+class MixFFN(nn.Module):
+    """SegFormer's and PVTv2's feed-forward block: the tokens seen as an image for a depthwise
+    convolution, `transpose(1, 2).reshape(B, C, H, W)`, and flattened back."""
+
+    def __init__(self, dim=24, hidden=48, size=(6, 10)):
+        super().__init__()
+        self.size = size
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.dw = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+
+    def forward(self, x):
+        y = self.fc1(x).transpose(1, 2).reshape(x.shape[0], -1, *self.size)
+        return self.fc2(F.gelu(self.dw(y).flatten(2).transpose(1, 2)))
+
+
+class ConformerConvolution(nn.Module):
+    """A Conformer's convolution module: 1-d convolutions over the transposed sequence, a GLU
+    and a batch norm between them, and the residual in token order."""
+
+    def __init__(self, dim=16, kernel=7):
+        super().__init__()
+        self.pw1, self.pw2 = nn.Conv1d(dim, 2 * dim, 1), nn.Conv1d(dim, dim, 1)
+        self.dw = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
+        self.bn = nn.BatchNorm1d(dim)
+        with torch.no_grad():
+            self.bn.running_mean.normal_()
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        y = F.glu(self.pw1(x.transpose(1, 2)), dim=1)
+        return x + self.pw2(F.silu(self.bn(self.dw(y)))).transpose(1, 2)
+
+
+def compiled_at_batches(model, name: str, shape: tuple):
+    """`model` compiled with a dynamic batch, checked against eager at batches 1 and 3."""
+    compiled = cuvil.compile(model, dynamic={name: {0: "batch"}}, cache=False)
+    with torch.no_grad():
+        for batch in (1, 3):
+            x = torch.randn(batch, *shape)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    return compiled
+
+
+def test_token_views_around_a_depthwise_convolution_are_its_channels_last_layout():
+    # the views become the model's own permutes from and to channels last, which the conversions
+    # cancel: the convolution reads the first linear's tokens where they lie (in place: no padded
+    # copy) and its result is the second's input as it stands; before, it ran in NCHW through two
+    # transposing copies (the depthwise step 17x slower at 256 channels of 64 x 64)
+    torch.manual_seed(0)
+    compiled = compiled_at_batches(MixFFN().eval(), "x", (60, 24))
+    stats = layout_statistics(compiled.report)
+    assert (stats["channels-last-views"], stats["converted"], stats["cancelled"]) == (2, {"conv2d": 1}, 2)
+    (region,) = stats["regions"]
+    assert (region["layout"], region["why"]) == ("nhwc", "the model permutes its result to channels last")
+    assert "cuvil.permute" not in compiled.report.output_ir
+    (conv,) = [k for k in compiled.report.kernels if "conv2d" in k["name"]]
+    assert "scratch" not in conv["kernel_ir"]
+
+
+def test_a_conformer_convolution_module_runs_in_nhwc_from_its_input_to_its_output():
+    # the batch norm folds into the depthwise convolution behind its squeeze; the GLU's slices, the
+    # silu and the residual add move above the 1-d convolutions' squeezes, the conversions sink
+    # through the slices, and the three convolutions are one region that reads the tokens and
+    # writes the result in token order: no conversion is left (there were four)
+    torch.manual_seed(0)
+    model = ConformerConvolution().eval()
+    x = torch.randn(2, 40, 16)
+    compiled = cuvil.compile(model, cache=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    stats = layout_statistics(compiled.report)
+    assert stats["channels-last-views"] == 2 and stats["lifted-through-views"] >= 5
+    assert stats["converted"] == {"conv2d": 3} and stats["regions-converted"] == 1 and stats["conversions-left"] == 0
+    assert next(p["statistics"] for p in compiled.report.passes if p["name"] == "fold-batchnorm")["folded"] == 1
+    assert "cuvil.permute" not in compiled.report.output_ir
+
+
+def test_a_1d_cnn_applies_its_activations_in_the_convolutions():
+    # Conv1d, BatchNorm1d, ReLU, depthwise Conv1d, GELU, Conv1d: each activation after a squeeze
+    # moves above it, so the chain is one NHWC region whose epilogues apply the activations
+    model = nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.BatchNorm1d(16), nn.ReLU(),
+                          nn.Conv1d(16, 16, 5, padding=2, groups=16), nn.GELU(), nn.Conv1d(16, 8, 1)).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model[1].running_mean.normal_()
+        model[1].running_var.uniform_(0.5, 2.0)
+    compiled = compiled_at_batches(model, "input", (8, 50))
+    stats = layout_statistics(compiled.report)
+    assert stats["regions-converted"] == 1 and stats["conversions-left"] == 2     # the input's and the output's
+    names = [k["name"] for k in compiled.report.kernels]
+    assert sum("conv2d" in n for n in names) == 3 and not any("relu" in n and "conv2d" not in n for n in names)
+    assert any("conv2d_gelu" in n for n in names)
+
+
+@pytest.mark.parametrize("shape, perm, view, moved", [
+    ((2, 12, 8), (0, 2, 1), (2, 8, 3, 4), 1),         # tokens -> image: the token dim splits
+    ((2, 12, 8), (0, 2, 1), (2, 8, 1, 12), 1),        # a 1-d convolution's row of height 1
+    ((2, 12, 8), (0, 2, 1), (2, 4, 2, 12), 1),        # the channels split: a permute of another kind
+    ((2, 3, 4, 5), (0, 3, 1, 2), (2, 5, 12, 1), 0),   # a merge: no split, left alone
+])
+def test_moving_a_permute_past_a_view_keeps_every_element(shape, perm, view, moved):
+    # the rewrite next to a convolution, over views that split dims and one that does not: the
+    # result equals eager's, whichever order the permute and the view end up in
+    class Viewed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(view[1], view[1], 1)
+
+        def forward(self, x):
+            return self.conv(x.permute(*perm).reshape(view))
+
+    torch.manual_seed(0)
+    model, x = Viewed().eval(), torch.randn(*shape)
+    compiled = cuvil.compile(model, cache=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert layout_statistics(compiled.report)["channels-last-views"] == moved

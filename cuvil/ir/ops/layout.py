@@ -11,6 +11,8 @@ from .common import (broadcast_shapes, ceildiv, check_axes, check_axis, dims, is
                      require_integer, shape_str, types_str)
 
 VIEW = frozenset({"injective", "view"})
+# Views that list their operand's elements in its order, at another shape
+RESHAPES = frozenset({"cuvil.reshape", "cuvil.squeeze", "cuvil.unsqueeze"})
 
 # An integer slice bound at or above this is "to the end" even when the dim is symbolic (torch
 # writes `x[1:]` as end = 2**63 - 1); symbolic dims are assumed to stay below it.
