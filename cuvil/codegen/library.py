@@ -302,9 +302,11 @@ def _materialize(lw, op, T, bias_dim: int | None):
 
 @dataclass(frozen=True)
 class RegisterEpilogue:
-    """What the panel microkernel finishes in registers (the group's whole epilogue)."""
+    """What the panel microkernel finishes in registers: the group's whole epilogue, or (`whole`
+    False) only the product's bias, the rest running as loops after it."""
     bias: Buffer | None
     relu: bool
+    whole: bool = True
 
 
 def _gemm_epilogue(in_registers: RegisterEpilogue | None, first_column) -> dict:
@@ -316,27 +318,26 @@ def _gemm_epilogue(in_registers: RegisterEpilogue | None, first_column) -> dict:
 
 
 def _register_epilogue(lw, op, T) -> RegisterEpilogue | None:
-    """The epilogue of `op`'s product, when the panel microkernel can apply all of it in registers:
-    the group's ops after `op` are none or one relu, its one output is written into T, and any bias is a
-    contiguous f32 vector the kernel reads. Else None: the epilogue runs as loops over each tile's
-    block of the output (fused ops of any kind)."""
+    """What of the epilogue of `op`'s product the panel microkernel applies in registers: all of it
+    where the group's ops after `op` are none or one relu and its one output is written into T;
+    else its bias alone, the rest (fused ops of any kind) running as loops over each tile's block
+    of the output, which then read the product with its bias from T. A bias must be a contiguous
+    f32 vector the kernel reads (else None: all in the loops). Kernels whose epilogues differ past
+    the bias so call one GEMM routine, which LLVM compiles once for them all (`SharedHelpers`)."""
+    bias = op.operands[2] if len(op.operands) > 2 else None
+    buf = None if bias is None else lw.inputs.get(id(bias))
+    if bias is not None and (buf is None or buf.dtype != DType.f32 or buf.rank != 1 or buf.strides is not None):
+        return None
+    if buf is not None:         # the product in T has its bias
+        lw.materialized[id(op.result)] = lambda idx: Load(T, idx)
     outs = list(lw.outputs.values())
     rest = lw.ops[lw.ops.index(op) + 1:]      # what runs on the product (ops before it feed its inputs)
-    if len(outs) != 1 or outs[0][1] is not T or len(rest) > 1:
-        return None
-    out = outs[0][0]
-    relu = bool(rest)
-    if relu and not (rest[0].name == "cuvil.relu" and rest[0].operands[0] is op.result and out is rest[0].result):
-        return None
-    if not relu and out is not op.result:
-        return None
-    bias = op.operands[2] if len(op.operands) > 2 else None
-    if bias is None:
-        return RegisterEpilogue(None, relu)
-    buf = lw.inputs.get(id(bias))
-    if buf is None or buf.dtype != DType.f32 or buf.rank != 1 or buf.strides is not None:
-        return None
-    return RegisterEpilogue(buf, relu)
+    whole = len(outs) == 1 and outs[0][1] is T and len(rest) <= 1 and (
+        outs[0][0] is op.result if not rest else
+        rest[0].name == "cuvil.relu" and rest[0].operands[0] is op.result and outs[0][0] is rest[0].result)
+    if whole:
+        return RegisterEpilogue(buf, bool(rest))
+    return RegisterEpilogue(buf, False, whole=False) if buf is not None else None
 
 
 def _epilogue(lw, region):
@@ -399,7 +400,7 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
         b_offset = first_col * k if b_panels else first_col * ldb if trans_b else first_col
         lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k), BufRef(B, b_offset), count, cols, k,
                      k, ldb, n, trans_b=trans_b, b_panels=b_panels, **_gemm_epilogue(in_registers, first_col)))
-        if in_registers is not None:
+        if in_registers is not None and in_registers.whole:
             return
 
         def row(r, col_start=0, col_count=cols):
@@ -653,7 +654,7 @@ def conv2d_implicit(lw, op):
                      BufRef(Wt, g * panels_g * KH * KW * C * width), count * OW, oc_g, KH * KW * C, sw * C, 0, OC,
                      b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run_stride=dh * Wp * C, **runs,
                      **_gemm_epilogue(in_registers, g * oc_g)))
-    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows, epilogue=in_registers is None)
+    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows, epilogue=in_registers is None or not in_registers.whole)
 
 
 def conv2d_depthwise(lw, op):

@@ -502,6 +502,16 @@ def hardswish(L: Lowering, x):
     return binary("cuvil.div")(L, binary("cuvil.mul")(L, x, clamp(L, binary("cuvil.add")(L, x, 3), 0, 6)), 6)
 
 
+def glu(L: Lowering, x, dim=-1):
+    """F.glu: the first half along `dim` times the sigmoid of the second, as torch's kernel
+    computes it. Imported directly: without this row the whole model went through
+    `run_decompositions` (a Conformer's convolution module: 0.28 s of its 0.75 s compile)."""
+    dim = L.axis(dim, x.type.rank)
+    half = L.symbols.pin(L.out_shape()[dim])
+    first, second = slice_(L, x, dim, 0, half), slice_(L, x, dim, half, None)
+    return binary("cuvil.mul")(L, first, unary("cuvil.sigmoid")(L, second))
+
+
 def div_mode(L: Lowering, a, b, rounding_mode=None):
     if rounding_mode is None:
         return binary("cuvil.div", int_to_float=True)(L, a, b)
@@ -1583,6 +1593,7 @@ ATEN_TABLE = {
     aten.gelu.default: gelu,
     aten.hardsigmoid.default: hardsigmoid,
     aten.hardswish.default: hardswish,
+    aten.glu.default: glu,
     aten.clamp.default: clamp,
     aten.clamp.Tensor: clamp_tensor,
     aten.isnan.default: lambda L, x: binary("cuvil.ne")(L, x, x),

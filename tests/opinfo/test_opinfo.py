@@ -76,6 +76,7 @@ OPINFOS: dict[str, list[str]] = {
     "aten.gelu.default": ["nn.functional.gelu"],
     "aten.hardsigmoid.default": ["nn.functional.hardsigmoid"],
     "aten.hardswish.default": ["nn.functional.hardswish"],
+    "aten.glu.default": ["nn.functional.glu"],
     "aten.clamp.Tensor": ["clamp"],
     "aten.isnan.default": ["isnan"],
     "aten.isinf.default": ["isinf"],
