@@ -94,6 +94,9 @@ class LayoutPass(ModulePass):
                    if sum(op.name == "cuvil.conv2d" and _convertible(op) for op in fn.ops) >= self.min_convs]
         views = sum(_expose_channels_last_views(Rewriter(module, fn)) for fn in targets)
         lifted = _lift_through_views(module) if targets else 0
+        # again: a lifted activation leaves the model's transpose right after a squeeze (Whisper's
+        # `gelu(conv(x)).permute(0, 2, 1)`)
+        views += sum(_expose_channels_last_views(Rewriter(module, fn)) for fn in targets)
         for fn in module.functions.values():
             ops = [op for op in fn.ops if _convertible(op)]
             if not any(fn is t for t in targets):

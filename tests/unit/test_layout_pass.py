@@ -312,6 +312,25 @@ def test_a_1d_cnn_applies_its_activations_in_the_convolutions():
     assert any("conv2d_gelu" in n for n in names)
 
 
+def test_a_transpose_after_a_lifted_activation_is_the_output_in_channels_last():
+    # Whisper's encoder stem: gelu(conv(x)).permute(0, 2, 1). Once the GELU moves above the squeeze
+    # the transpose reads the squeeze, and becomes the model's own permute to channels last: only
+    # the input's conversion is left
+    class Stem(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv1d(8, 16, 3, padding=1), nn.Conv1d(16, 16, 3, stride=2, padding=1)
+
+        def forward(self, x):
+            return F.gelu(self.conv2(F.gelu(self.conv1(x)))).permute(0, 2, 1)
+
+    torch.manual_seed(0)
+    model = Stem().eval()
+    compiled = compiled_at_batches(model, "x", (8, 40))
+    stats = layout_statistics(compiled.report)
+    assert (stats["channels-last-views"], stats["lifted-through-views"], stats["conversions-left"]) == (1, 2, 1)
+
+
 @pytest.mark.parametrize("shape, perm, view, moved", [
     ((2, 12, 8), (0, 2, 1), (2, 8, 3, 4), 1),         # tokens -> image: the token dim splits
     ((2, 12, 8), (0, 2, 1), (2, 8, 1, 12), 1),        # a 1-d convolution's row of height 1
