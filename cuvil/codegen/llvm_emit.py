@@ -41,7 +41,7 @@ from .kernel_ir import (Buffer, Call, Cast, Check, Const, Expr, Gemm, Index, Ker
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
 from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
-                         panel_rows)
+                         panel_rows, row_blocks)
 from .target import Target
 from .transpose_tile import (COLUMN, ROW, TILE, TRANSPOSE_ORDER, TRANSPOSE_STAGES, TransposedTile,
                              transposed_tile)
@@ -145,26 +145,31 @@ class ModuleBuilder:
         LLVM vectorises the inner loops at O3."""
         return self._helper(f"cuvil.small_gemm.{'nt' if trans_b else 'nn'}{'.beta' if beta else ''}",
                             ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32, PTR, I64]),
-                            lambda fn: (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta))
+                            lambda fn, _: (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta))
 
-    def panel_gemm_function(self, width: int, bias: bool, relu: bool) -> ir.Function:
+    def panel_gemm_function(self, width: int, bias: bool, relu: bool, m) -> ir.Function:
         """C = A @ B (+ bias, relu) with B packed in panels of `width` columns, A read through a
-        window (`panel_gemm.py`), blocked for the target's vector registers."""
+        window (`panel_gemm.py`), blocked for the target's vector registers; `m`: this call's rows
+        (an expression)."""
         lanes = self.target.vector_floats
         rows = panel_rows(lanes, self.target.vector_registers, width)
-        return self._helper(panel_gemm_name(width, bias, relu), ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS),
-                            lambda fn: emit_panel_gemm(fn, lanes, rows, width, bias, relu))
+        name = panel_gemm_name(width, bias, relu)
+        if self.helpers is not None:
+            self.helpers.need(name, row_blocks(m, rows))
+        return self._helper(name, ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS),
+                            lambda fn, blocks: emit_panel_gemm(fn, lanes, rows, width, bias, relu, blocks))
 
-    def _helper(self, name: str, fnty: ir.FunctionType, define: Callable[[ir.Function], None]) -> ir.Function:
-        """A GEMM loop nest kernels call: defined in this module (internal), or, when kernels are
-        modules of their own, declared here and left to `self.helpers` to place."""
+    def _helper(self, name: str, fnty: ir.FunctionType, define: Callable) -> ir.Function:
+        """A GEMM loop nest kernels call: defined in this module (internal, for every call:
+        `define(fn, None)`), or, when kernels are modules of their own, declared here and left to
+        `self.helpers` to place."""
         fn = self.module.globals.get(name)
         if fn is None:
             fn = ir.Function(self.module, fnty, name=name)
             fn.attributes.add("nounwind")
             if self.helpers is None:
                 fn.linkage = "internal"
-                define(fn)
+                define(fn, None)
             else:
                 self.helpers.declared(fn, define)
         return fn
@@ -174,14 +179,21 @@ class SharedHelpers:
     """The GEMM loop nests of kernels built one module each (`jit.build_units`): a helper one
     module calls is defined in it (internal, so LLVM may inline it); one that several call is
     defined once, in a module of its own that they link against (LLVM would not inline a body that
-    large into several callers either)."""
+    large into several callers either). A helper is defined with what all its calls need
+    (`need`): the panel GEMM only with the row blocks of its callers' m."""
 
     def __init__(self, target: Target):
         self.target = target
         self.uses: dict[str, list[tuple[ir.Function, Callable]]] = {}
+        self.needs: dict[str, frozenset | None] = {}
 
-    def declared(self, fn: ir.Function, define: Callable[[ir.Function], None]) -> None:
+    def declared(self, fn: ir.Function, define: Callable) -> None:
         self.uses.setdefault(fn.name, []).append((fn, define))
+
+    def need(self, name: str, what: frozenset | None) -> None:
+        """One call of helper `name` needs `what` (None: the whole helper)."""
+        had = self.needs.get(name, frozenset())
+        self.needs[name] = None if had is None or what is None else had | what
 
     def place(self) -> "ModuleBuilder | None":
         """Define every helper; returns the module of the shared ones (None when there are none)."""
@@ -190,13 +202,13 @@ class SharedHelpers:
             if len(uses) == 1:
                 fn, define = uses[0]
                 fn.linkage = "internal"
-                define(fn)
+                define(fn, self.needs.get(name))
                 continue
             shared = shared or ModuleBuilder("cuvil.shared", debug=False, target=self.target)
             fn = ir.Function(shared.module, uses[0][0].ftype, name=name)
             fn.attributes.add("nounwind")
             fn.attributes.add("noinline")   # the same code whichever callers share its object
-            uses[0][1](fn)
+            uses[0][1](fn, self.needs.get(name))
         return shared
 
 
@@ -356,11 +368,13 @@ class KernelEmitter:
             if _latency_bound(s.body):
                 props.append(("llvm.loop.interleave.count", LATENCY_INTERLEAVE))
             latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, *props))
-        elif not s.parallel and any(isinstance(t, Loop) and (_vector_loop(t) or transposed_tile(t) is not None)
-                                    for t in s.body):
-            # LLVM would fully unroll a short loop around a vector loop before vectorising, then
-            # vectorise one copy: a 3x3 depthwise's 4 column copies left 3 scalar (44 -> 12 us),
-            # and 56 copies of a transposing copy's gathers took 0.9 s to schedule
+        elif not s.parallel and not _innermost(s):
+            # LLVM would fully unroll a short loop around other loops. Around a vector loop it does
+            # so before vectorising, then vectorises one copy: a 3x3 depthwise's 4 column copies
+            # left 3 scalar (44 -> 12 us), and 56 copies of a transposing copy's gathers took 0.9 s
+            # to schedule. Around other loop nests the copies only cost compile time: unrolling
+            # attention's packing copies and its two row blocks took BERT-small's attention
+            # module from 144 to 180 ms of LLVM, and ran no faster
             latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.unroll.disable",)))
         elif s.parallel and _innermost(s) and _latency_bound(s.body):    # a 1-d elementwise kernel
             latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.interleave.count",
@@ -597,7 +611,7 @@ class KernelEmitter:
                 [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one, one,   # plain: one run
                  ir.Constant(I64, 0)]
             bias = self._ref_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
-            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu),
+            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m),
                    [self._ref_ptr(s.c), self._ref_ptr(s.a), self._ref_ptr(s.b), self.index(s.m),
                     self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window, bias])
             return

@@ -433,7 +433,14 @@ def _moves(index, var) -> bool:
 def _steps_by_one(index, var) -> bool:
     """Consecutive values of `var` read consecutive positions (of that index)."""
     e = sympy.sympify(index)
-    return _moves(e, var) and sympy.expand(e.subs(var, var + 1) - e) == 1
+    if e == var:
+        return True
+    if not _moves(e, var) or any(_moves(a, var) for a in e.atoms(sympy.Mod, sympy.floor)):
+        return False        # a wrapped index jumps where it wraps
+    terms = sympy.Add.make_args(e)
+    if var in terms and not any(_moves(t, var) for t in terms if t != var):
+        return True         # var plus terms free of it; sympy's expand costs milliseconds
+    return sympy.expand(e.subs(var, var + 1) - e) == 1
 
 
 @dataclass

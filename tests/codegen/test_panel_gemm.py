@@ -5,12 +5,16 @@ import copy
 import re
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import cuvil
+from cuvil.codegen.jit import build_units
 from cuvil.codegen.kernel_text import parse_kernels, print_kernels
+from cuvil.codegen.panel_gemm import panel_rows, row_blocks
+from cuvil.codegen.target import Target
 from cuvil.ir.ops.nn import pack_panels, panel_width, unpack_panels
 
 from codegen_helpers import Graph, T, compile_graphs, run
@@ -190,3 +194,43 @@ def test_a_product_with_few_rows_keeps_blas():
     kernels = "\n".join(k["kernel_ir"] for k in cuvil.explain(lambda a, b: a @ b, a, b).kernels)
     assert "gemm" in kernels and "b_panels" not in kernels
     torch.testing.assert_close(cuvil.compile(lambda a, b: a @ b)(a, b), a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,rows,blocks", [(128, 12, {12, 4}), (1, 12, {1}), (13, 12, {12, 1}), (24, 12, {12}),
+                                          (11, 12, {4, 1}), (7, 6, {6, 1}), (10, 6, {6, 4}), (3, 4, {1}),
+                                          (9, 4, {4, 1})])
+def test_row_blocks_of_a_constant_m(m, rows, blocks):
+    """The microkernel's blocks that compute m rows: as many of `rows` as fit, then blocks of 4
+    (when `rows` is over 4), then single rows."""
+    assert row_blocks(m, rows) == blocks
+    assert row_blocks(sympy.Symbol("s0", positive=True, integer=True), 12) is None
+
+
+class TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(24, 64), nn.Linear(24, 64)
+
+    def forward(self, x, y):
+        return torch.relu(self.a(x)), torch.relu(self.b(y))
+
+
+@pytest.mark.parametrize("m_x,m_y", [(13, 25), (1, 2), (24, 36), (13, 28), (11, 5)])
+def test_the_shared_panel_gemm_keeps_the_row_blocks_its_calls_need(m_x, m_y):
+    """Two linears of constant row counts call one shared panel GEMM: it has the loops of the row
+    blocks either call needs and no other (each block is unrolled code LLVM spends time on), and
+    both compute what an fp64 reference does."""
+    model = TwoLinears().eval()
+    x, y = torch.randn(m_x, 24), torch.randn(m_y, 24)
+    kernels = parse_kernels("\n".join(k["kernel_ir"] for k in cuvil.explain(model, x, y).kernels))
+    target = Target.host()
+    (helper,) = [u for u in build_units(kernels, {k.name: k.name for k in kernels}, target, {})
+                 if 'define void @"cuvil.panel_gemm.32.bias.relu"' in u]
+    rows = panel_rows(target.vector_floats, target.vector_registers, 32)
+    label = {rows: "i", 4: "i4", 1: "i1"}
+    assert set(re.findall(r'^"?(i\d?)\.header"?:', helper, re.M)) == \
+        {label[size] for size in row_blocks(m_x, rows) | row_blocks(m_y, rows)}
+    with torch.no_grad():
+        expected = copy.deepcopy(model).double()(x.double(), y.double())
+        for out, ref in zip(cuvil.compile(model)(x, y), expected):
+            torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
