@@ -264,6 +264,21 @@ def conv_of_padded(op: Operation, rw: Rewriter) -> bool:
     return True
 
 
+def sdpa_mask_noop(op: Operation, rw: Rewriter) -> bool:
+    """sdpa(q, k, v, mask) -> sdpa(q, k, v) where the mask changes no score: all true, or a float
+    mask of zeros (adding a zero to a score changes at most its sign, and e^-0 = e^0). Hugging
+    Face's ViT passes an all-true mask for unpadded inputs, which the kernel read and selected
+    on for every score."""
+    if len(op.operands) != 4:
+        return False
+    mask = op.operands[3]
+    value = splat_value(rw.module, mask)
+    if value is None or (value is not True if mask.type.dtype is DType.bool else value != 0):
+        return False
+    rw.replace(op, rw.create(op, op.name, op.operands[:3], dict(op.attrs)).results)
+    return True
+
+
 PATTERNS = {
     "cuvil.add": [add_zero],
     "cuvil.sub": [sub_zero],
@@ -278,4 +293,5 @@ PATTERNS = {
     "cuvil.slice": [slice_whole],
     "cuvil.pad": [pad_nothing],
     "cuvil.conv2d": [conv_of_padded],
+    "cuvil.sdpa": [sdpa_mask_noop],
 }

@@ -158,6 +158,28 @@ def test_torch_sdpa_with_a_constant_causal_mask_becomes_causal(kind):
     assert _stats(compiled) == {"fused": 0, "causal": int(kind != "tril-but-one"), "refused": {}}
 
 
+@pytest.mark.parametrize("kind", ["ones", "zeros", "ones-but-one"])
+def test_torch_sdpa_with_a_mask_that_changes_no_score_runs_without_it(kind):
+    # Hugging Face's ViT passes torch's sdpa an all-true mask for unpadded inputs (canonicalize's
+    # `sdpa_mask_noop`); a mask with one false stays
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            if kind == "zeros":
+                mask = torch.zeros(q.shape[-2], k.shape[-2])
+            else:
+                mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)
+                if kind == "ones-but-one":
+                    mask[5, 2] = False
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = _heads(2, 80)
+    compiled = cuvil.compile(Attention())
+    torch.testing.assert_close(compiled(q, k, v), Attention()(q, k, v), rtol=1e-5, atol=1e-5)
+    (line,) = _sdpa_lines(compiled)
+    operands = line.split("cuvil.sdpa ")[1].split(" :")[0].split(" {")[0]
+    assert operands.count("%") == (4 if kind == "ones-but-one" else 3), line
+
+
 class NanoGPTAttention(torch.nn.Module):
     """nanoGPT's attention: a tril buffer, sliced to the sequence, masked_fill with -inf."""
 
