@@ -198,7 +198,8 @@ def compile_native(module: Module, grouping: Grouping | None = None, cache=DISK_
     t = time.perf_counter()
     materialize_outputs(fn)
     groups = (grouping or grouping_for(True))(fn)
-    lowered = [lower_group(fn, g, kernel_name(fn, i, g)) for i, g in enumerate(groups)]
+    widest = (target or Target.host()).panel_width
+    lowered = [lower_group(fn, g, kernel_name(fn, i, g), widest) for i, g in enumerate(groups)]
     timings["lowering"] = time.perf_counter() - t
     kernels = compile_kernels([lk.kernel for lk in lowered], target=target, cache=cache, timings=timings)
     timings.update(kernels.timings)

@@ -31,7 +31,7 @@ from ..errors import CuvilError, CuvilUnsupportedOpError
 from ..index_inputs import index_outside
 from ..ir.core import Operation
 from ..ir.ops.common import pair
-from ..ir.ops.nn import TO_NHWC, conv_padding, spatial_axes
+from ..ir.ops.nn import TO_NHWC, conv_padding, panel_width, spatial_axes
 from ..ir.types import DType, dims_equal, norm_dim
 from .index_math import (TRANSPOSE_TILE, bounds, broadcast_index, decompose, floor_div, index_max, index_min,
                          tile_extent)
@@ -493,7 +493,7 @@ def matmul(lw, op):
         else:
             at = own_index(b, q_idx)
             lw.emit(Gemm(BufRef(T, q * M * N), a_at, _pack(lw, packed, q, lambda kk, j: lw.value(b, at + [kk, j]), K, N),
-                         M, N, K, K, 0, N, b_panels=RUNTIME_PANEL))
+                         M, N, K, K, 0, N, b_panels=packed.shape[-1]))
         region = [(i, 1) for i in q_idx]
         if a.type.rank > 1:
             region.append((0, M))
@@ -505,43 +505,47 @@ def matmul(lw, op):
 
 # A product of two computed matrices packs its right-hand side in panels at run time and runs the
 # panel GEMM: a copy of K x N floats, against OpenBLAS packing both operands per call (measured
-# 0.73-0.75x OpenBLAS's time on 64x128x64, 64x64x128 and 128x128x16, panels packed beforehand)
-RUNTIME_PANEL = 16
+# 0.73-0.75x OpenBLAS's time on 64x128x64, 64x64x128 and 128x128x16, panels packed beforehand).
+# The panels are as wide as the target's for weights (`ir.ops.nn.panel_width`): with AVX-512, 32
+# columns ran attention 7-20% faster than 16 from 64 to 1024 tokens (128: within 3%).
 PACK_MIN_ROWS = 16      # fewer rows than this: the copy is a large share of the work
+PACK_MIN_COLUMNS = 16   # fewer columns: less than one panel
 
 
 def _packs_at_run_time(M, N) -> bool:
-    return isinstance(M, int) and isinstance(N, int) and M >= PACK_MIN_ROWS and N >= RUNTIME_PANEL
+    return isinstance(M, int) and isinstance(N, int) and M >= PACK_MIN_ROWS and N >= PACK_MIN_COLUMNS
 
 
 def _runtime_panels(lw, entries, K, N) -> Buffer:
-    """Scratch for one packed right-hand side per batch entry, `[entries, panels, K, RUNTIME_PANEL]`."""
-    return lw.scratch(DType.f32, [entries, -(-N // RUNTIME_PANEL), K, RUNTIME_PANEL])
+    """Scratch for one packed right-hand side per batch entry, `[entries, panels, K, width]`, the
+    width `panel_width(N)` of the target's."""
+    width = panel_width(N, lw.widest_panel)
+    return lw.scratch(DType.f32, [entries, -(-N // width), K, width])
 
 
 def _pack(lw, P, q, element, K, N) -> BufRef:
     """Pack entry `q`'s right-hand side, `element(kk, j)` for kk < K and j < N, into `P[q]` in
-    panels of RUNTIME_PANEL columns (`ir.ops.nn.pack_panels`'s order; the last panel zero-padded).
-    Returns where the GEMM reads it."""
-    full, rest = divmod(N, RUNTIME_PANEL)
+    panels of P's width (`ir.ops.nn.pack_panels`'s order; the last panel zero-padded). Returns
+    where the GEMM reads it."""
+    W = P.shape[-1]
+    full, rest = divmod(N, W)
     T = TRANSPOSE_TILE
 
     def tiles(pp):      # a whole panel in T x T tiles: the emitter transposes those of a K^T in registers
-        lw.loop("kt", K // T, lambda kt: lw.loop("jt", RUNTIME_PANEL // T, lambda jt: lw.loop(
+        lw.loop("kt", K // T, lambda kt: lw.loop("jt", W // T, lambda jt: lw.loop(
             "kk", T, lambda kk: lw.loop("jj", T, lambda jj: lw.emit(Store(
-                P, [q, pp, T * kt + kk, T * jt + jj], element(T * kt + kk, RUNTIME_PANEL * pp + T * jt + jj)))))))
+                P, [q, pp, T * kt + kk, T * jt + jj], element(T * kt + kk, W * pp + T * jt + jj)))))))
 
     def panel(pp, width, pad):
         def row(kk):
-            lw.loop("jj", width, lambda jj: lw.emit(Store(P, [q, pp, kk, jj], element(kk, RUNTIME_PANEL * pp + jj))))
+            lw.loop("jj", width, lambda jj: lw.emit(Store(P, [q, pp, kk, jj], element(kk, W * pp + jj))))
             if pad:
-                lw.loop("jj", RUNTIME_PANEL - width,
-                        lambda jj: lw.emit(Store(P, [q, pp, kk, width + jj], const(0.0, DType.f32))))
+                lw.loop("jj", W - width, lambda jj: lw.emit(Store(P, [q, pp, kk, width + jj], const(0.0, DType.f32))))
         lw.loop("kk", K, row)
-    lw.loop("pp", full, lambda pp: tiles(pp) if isinstance(K, int) and K % T == 0 else panel(pp, RUNTIME_PANEL, False))
+    lw.loop("pp", full, lambda pp: tiles(pp) if isinstance(K, int) and K % T == 0 else panel(pp, W, False))
     if rest:
         panel(full, rest, True)
-    return BufRef(P, q * P.shape[1] * K * RUNTIME_PANEL)
+    return BufRef(P, q * P.shape[1] * K * W)
 
 
 def conv2d_gemm(lw, op):
@@ -1053,7 +1057,7 @@ def sdpa(lw, op):
             lw.emit(Gemm(scores_at, q_at, BufRef(lw.inputs[id(k)], b * S * E), rows, keys, E, E, E, S, trans_b=True,
                          alpha=1.0 if scale is None else scale))
         else:
-            lw.emit(Gemm(scores_at, q_at, kt, rows, keys, E, E, 0, S, b_panels=RUNTIME_PANEL))
+            lw.emit(Gemm(scores_at, q_at, kt, rows, keys, E, E, 0, S, b_panels=k_panels.shape[-1]))
 
         def row(r):
             i = first + r
@@ -1098,13 +1102,14 @@ def sdpa(lw, op):
         out_at = BufRef(T, (b * L + first) * Ev)
         if vp is None:
             lw.emit(Gemm(out_at, scores_at, BufRef(lw.inputs[id(v)], b * S * Ev), rows, Ev, keys, S, Ev, Ev))
-        elif keys == S:
-            lw.emit(Gemm(out_at, scores_at, vp, rows, Ev, S, S, 0, Ev, b_panels=RUNTIME_PANEL))
-        else:   # a panel's rows are S apart: one product per panel, over its first `keys` rows
-            for pp in range(-(-Ev // RUNTIME_PANEL)):
-                lw.emit(Gemm(BufRef(T, out_at.offset + RUNTIME_PANEL * pp), scores_at,
-                             BufRef(vp.buf, vp.offset + pp * S * RUNTIME_PANEL), rows,
-                             min(RUNTIME_PANEL, Ev - RUNTIME_PANEL * pp), keys, S, 0, Ev, b_panels=RUNTIME_PANEL))
+        else:
+            W = v_panels.shape[-1]
+            if keys == S:
+                lw.emit(Gemm(out_at, scores_at, vp, rows, Ev, S, S, 0, Ev, b_panels=W))
+            else:   # a panel's rows are S apart: one product per panel, over its first `keys` rows
+                for pp in range(-(-Ev // W)):
+                    lw.emit(Gemm(BufRef(T, out_at.offset + W * pp), scores_at, BufRef(vp.buf, vp.offset + pp * S * W),
+                                 rows, min(W, Ev - W * pp), keys, S, 0, Ev, b_panels=W))
         lw.loop("r", rows, lambda r: lw.loop("e", Ev, lambda e: lw.emit(Store(
             T, batch_idx + [first + r, e], call("mul", Load(T, batch_idx + [first + r, e]), Load(norms, [p, r]))))))
         _epilogue(lw, [(i, 1) for i in batch_idx] + [(first, rows), (0, Ev)])

@@ -45,6 +45,7 @@ from .kernel_ir import (Buffer, Check, Const, Expr, Index, Kernel, Let, Load, Lo
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands
 from .scalar_ops import call, cast, const
+from .target import Target
 
 MIN_RUN = 8      # a merged dim's runs shorter than a vector of floats keep one loop
 
@@ -456,8 +457,11 @@ class LoweredKernel:
 class GroupLowering:
     """Lower one group of ops (`ops`, from function `fn`) to a kernel named `name`."""
 
-    def __init__(self, fn: Function, ops: list[Operation], name: str):
+    def __init__(self, fn: Function, ops: list[Operation], name: str, panel_width: int | None = None):
         self.fn, self.name = fn, name
+        # the widest panel a product packs its right-hand side in at run time: the target's
+        # (`Target.panel_width`), the host's unless given, as the `layout` pass packs weights
+        self.widest_panel = panel_width or Target.host().panel_width
         ids = {id(op) for op in ops}
         self.ops = [op for op in fn.ops if id(op) in ids]
         if len(self.ops) != len(ops):
@@ -1299,12 +1303,12 @@ REDUCTION_EPILOGUES: dict[str, Callable] = {
 
 # ----------------------------------------------------------------------------- entry points
 
-def lower_group(fn: Function, ops: list[Operation], name: str) -> LoweredKernel:
+def lower_group(fn: Function, ops: list[Operation], name: str, panel_width: int | None = None) -> LoweredKernel:
     """Lower one group of ops of `fn` to one kernel. Results used outside the group become output
     buffers, except those of views and inline constants that are not the group's last op: those
     are recomputed wherever they are read (the grouping gives them their own group when they must
-    be in memory)."""
-    return GroupLowering(fn, ops, name).lower()
+    be in memory). `panel_width`: the target's widest GEMM panel (default the host's)."""
+    return GroupLowering(fn, ops, name, panel_width).lower()
 
 
 def kernel_name(fn: Function, i: int, ops: list[Operation]) -> str:
@@ -1312,10 +1316,11 @@ def kernel_name(fn: Function, i: int, ops: list[Operation]) -> str:
     return f"{fn.name}_{i}_{'_'.join(labels)}"
 
 
-def lower_function(fn: Function, groups: list[list[Operation]] | None = None) -> list[LoweredKernel]:
+def lower_function(fn: Function, groups: list[list[Operation]] | None = None,
+                   panel_width: int | None = None) -> list[LoweredKernel]:
     """Lower every group of `fn` (default: the groups the fuse pass would form, `fusion_groups(fn)`)
     to a kernel, in order."""
     if groups is None:
         from ..passes.fuse import fusion_groups
         groups = fusion_groups(fn)
-    return [lower_group(fn, g, kernel_name(fn, i, g)) for i, g in enumerate(groups)]
+    return [lower_group(fn, g, kernel_name(fn, i, g), panel_width) for i, g in enumerate(groups)]

@@ -18,13 +18,15 @@ from .kernel_text import parse_kernels, print_kernels
 from .target import Target
 
 
-def load_kernels(text: str, filename: str):
+def load_kernels(text: str, filename: str, target: Target):
+    """Kernel IR, or graph IR lowered for `target` (its GEMM panel width)."""
     if filename.endswith(".cvl") or text.lstrip().startswith("cuvil.func"):
         from ..ir import parse, verify
         from .lower import lower_function
         module = parse(text, filename)
         verify(module)
-        return [lk.kernel for fn in module.functions.values() for lk in lower_function(fn)]
+        return [lk.kernel for fn in module.functions.values()
+                for lk in lower_function(fn, panel_width=target.panel_width)]
     return parse_kernels(text, filename)
 
 
@@ -36,13 +38,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         text = sys.stdin.read() if args.file == "-" else open(args.file).read()
-        kernels = load_kernels(text, "<stdin>" if args.file == "-" else args.file)
+        target = Target.host() if args.target == "host" else Target.cross(args.target)
+        kernels = load_kernels(text, "<stdin>" if args.file == "-" else args.file, target)
         for k in kernels:
             verify_kernel(k)
         if args.emit == "kernel":
             sys.stdout.write(print_kernels(kernels))
             return 0
-        target = Target.host() if args.target == "host" else Target.cross(args.target)
         # readable symbols here: each kernel under its own name (the JIT uses structural hashes), and
         # no debug locations (they map report lines to graph ops, which a kernel file does not have)
         mod = build_module(kernels, {k.name: k.name for k in kernels}, target, debug=False)
