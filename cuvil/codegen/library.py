@@ -36,7 +36,8 @@ from ..ir.types import DType, dims_equal, norm_dim
 from .index_math import (TRANSPOSE_TILE, bounds, broadcast_index, decompose, floor_div, index_max, index_min,
                          tile_extent)
 from .kernel_ir import (TOPK_DTYPES, Buffer, BufRef, Cast, Const, Gemm, Index, Load, Store, TopK, compute_dtype,
-                        scalar_index)
+                        loop_var, scalar_index)
+from .reductions import neumaier_add
 from .scalar_ops import call, cast, const
 
 ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
@@ -471,7 +472,9 @@ def matmul(lw, op):
 
     packed = _runtime_panels(lw, total, K, N) if _packs_at_run_time(M, N) else None
     # an operand behind views (attention's heads of a joint QKV projection) is read through them:
-    # the right-hand side by its packing, the left one copied an entry at a time (`gathered_operands`)
+    # the right-hand side by its packing, the left one copied an entry at a time (`gathered_operands`),
+    # unless it is an input's memory in order (a reshape of one), which the GEMM reads in place
+    A = lw.row_major_input(a)
     a_rows = None if A is not None else lw.scratch(DType.f32, [total, M * K])
 
     def own_index(x, q_idx):
@@ -1232,6 +1235,8 @@ def _takes_place(which: str, x, best):
 
 
 # the running folds: (the fold of the previous result and x, or the extreme it tracks)
+SCAN_COLUMNS = 64        # the rows a scan along another dim than the last folds together
+SCAN_MIN_COLUMNS = 8     # fewer: one row at a time (their strided reads share cache lines)
 SCANS = {"cuvil.cumsum": lambda a, x: call("add", a, x), "cuvil.cumprod": lambda a, x: call("mul", a, x),
          "cuvil.logcumsumexp": _log_add_exp,
          "cuvil.cummax": "max", "cuvil.cummin": "min", "cuvil.cumargmax": "max", "cuvil.cumargmin": "min"}
@@ -1262,9 +1267,23 @@ def scan(lw, op):
     d = op.attrs["dim"]
     n = x.type.shape[d]
     others = [s for a, s in enumerate(x.type.shape) if a != d]
+    # Along a dim other than the last of a row-major input, the folds of SCAN_COLUMNS neighbouring
+    # rows go together: each step a loop over them, which reads and writes contiguous runs (one
+    # row at a time read a float per cache line, a row of the input apart: cumsum over dim 0).
+    last = x.type.shape[-1]
+    columns = d != x.type.rank - 1 and X.strides is None and not (isinstance(last, int) and last < SCAN_MIN_COLUMNS)
+    parallel = others[:-1] + [norm_dim(sympy.ceiling(sympy.sympify(last) / SCAN_COLUMNS))] if columns else others
 
     def row(p):
-        idx = decompose(lw.known, p, others)
+        idx = decompose(lw.known, p, parallel)
+        step_over = lambda body: body       # noqa: E731
+        region_last = []
+        if columns:
+            first_column, col = SCAN_COLUMNS * idx[-1], loop_var("col")
+            width = tile_extent(SCAN_COLUMNS, last, first_column)
+            lw.known[col] = (sympy.Integer(0), sympy.Integer(SCAN_COLUMNS - 1))
+            idx, region_last = idx[:-1] + [first_column + col], [(first_column, width)]
+            step_over = lambda body: lambda i: lw.loop("col", width, lambda _: body(i))     # noqa: E731
 
         def at(i):
             return idx[:d] + [i] + idx[d:]
@@ -1288,25 +1307,21 @@ def scan(lw, op):
                     lw.emit(Store(T, at(i), call("select", take, Index(i), Load(T, at(i - 1)))))
             else:
                 lw.emit(Store(carry, at(i), fold(before, v)))
-        lw.loop("i", index_min(n, 1), first)
-        lw.loop("i", norm_dim(index_max(sympy.sympify(n) - 1, 0)), step, start=1)
-        _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, n)] + [(i, 1) for i in idx[d:]])
-    lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
+        lw.loop("i", index_min(n, 1), step_over(first))
+        lw.loop("i", norm_dim(index_max(sympy.sympify(n) - 1, 0)), step_over(step), start=1)
+        kept = idx[:-1] if columns else idx
+        _epilogue(lw, [(i, 1) for i in kept[:d]] + [(0, n)] + [(i, 1) for i in kept[d:]] + region_last)
+    lw.loop("p", norm_dim(sympy.Mul(*parallel)), row, parallel=True)
 
 
 def _compensated_sum_step(lw, S, E, T, at, i, x) -> None:
-    """Neumaier's running sum: S[i] = S[i-1] + x rounded, E[i] = E[i-1] + that rounding's error
-    (exact: the larger operand's part the sum lost), T[i] = S[i] + E[i]. No error is added once
-    the sum is infinite or NaN (an inf - inf there would make the finite sums that follow NaN)."""
-    before = lw.let(Load(S, at(i - 1)), "s")
-    s = lw.let(call("add", before, x), "t")
-    lost = call("select", call("ge", call("abs", before), call("abs", x)),
-                call("add", call("sub", before, s), x), call("add", call("sub", x, s), before))
-    finite = call("lt", call("abs", s), Const(math.inf, x.dtype))
-    e = lw.let(call("add", Load(E, at(i - 1)), call("select", finite, lost, Const(0.0, x.dtype))), "e")
+    """Neumaier's running sum: S[i] = S[i-1] + x rounded, E[i] = E[i-1] + that rounding's error,
+    T[i] = S[i] + E[i] (`reductions.neumaier_add`)."""
+    s, e, ok = neumaier_add(lw, Load(S, at(i - 1)), Load(E, at(i - 1)), x)
+    e = lw.let(e, "e")
     lw.emit(Store(S, at(i), s))
     lw.emit(Store(E, at(i), e))
-    lw.emit(Store(T, at(i), cast(call("select", finite, call("add", s, e), s), T.dtype)))
+    lw.emit(Store(T, at(i), cast(call("select", ok, call("add", s, e), s), T.dtype)))
 
 
 WINDOW_OPS = {"cuvil.max_pool2d": max_pool2d, "cuvil.avg_pool2d": avg_pool2d,

@@ -38,6 +38,7 @@ from llvmlite import ir
 from ..ir.types import DType
 from .kernel_ir import (Buffer, Call, Cast, Check, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, TopK,
                         Var, GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
+from .collapse import collapsed_loops
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
 from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
@@ -460,12 +461,18 @@ class KernelEmitter:
         self.ranges.let(s.var.name, None)
         ty = VALUE_TYPES[s.var.dtype]
         init = self.expr(s.init)
-        if s.kind == "sum" and s.var.dtype.is_float and not _static_at_most(s.loops, SUM_BLOCK):
-            self.scalars[s.var.name] = self._pairwise_sum(s, ty, init)
+        loops = s.loops
+        flat = collapsed_loops(s)
+        if flat is not None:        # one loop over a contiguous run: the outer variables are 0
+            for r in loops[:-1]:
+                self.indices[loop_var(r.var)] = ir.Constant(I64, 0)
+            loops = (flat,)
+        if s.kind == "sum" and s.var.dtype.is_float and not _static_at_most(loops, SUM_BLOCK):
+            self.scalars[s.var.name] = self._pairwise_sum(s, loops, ty, init)
             return
         acc = self._accumulator(ty, s.var.name + ".acc")
         self.b.store(init, acc)
-        self._reduce_nest(s.loops, lambda: self._accumulate(s, acc, ty))
+        self._reduce_nest(loops, lambda: self._accumulate(s, acc, ty))
         self.scalars[s.var.name] = self.b.load(acc, typ=ty, name=s.var.name)
 
     def _accumulator(self, ty, name: str, count: int | None = None) -> ir.Value:
@@ -501,7 +508,7 @@ class KernelEmitter:
         self.line, self.b.debug_metadata = outer
         self.hidden_infinities = outer_hidden
 
-    def _pairwise_sum(self, s: Reduce, ty, init) -> ir.Value:
+    def _pairwise_sum(self, s: Reduce, loops, ty, init) -> ir.Value:
         """A float sum in blocks of SUM_BLOCK elements of the innermost loop, the block sums added
         pairwise. Within a block the combine is `reassoc`, so LLVM sums it in 32 or 64 vector lanes
         (4 interleaved ymm or zmm registers: 8 or 4 elements per lane, cf. the 16 of torch's first
@@ -516,7 +523,7 @@ class KernelEmitter:
         part = self._accumulator(ty, s.var.name + ".part")
         b.store(ir.Constant(I64, 0), depth)
         b.store(ir.Constant(I64, 0), blocks)
-        *outer, inner = s.loops
+        *outer, inner = loops
         size = ir.Constant(I64, SUM_BLOCK)
 
         def row() -> None:

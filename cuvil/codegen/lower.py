@@ -44,10 +44,13 @@ from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, flo
 from .kernel_ir import (Buffer, Check, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
 from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands
+from .reductions import (LANE_TILE, MIN_LANES, REDUCTION_BODIES, REDUCTION_EPILOGUES, ColumnLanes,
+                         reduction_space)
 from .scalar_ops import call, cast, const
 from .target import Target
 
 MIN_RUN = 8      # a merged dim's runs shorter than a vector of floats keep one loop
+ROW_TILE = 16    # the run of an output row a column reduction's transposing store loop writes
 
 INLINE_OPS = frozenset({"cuvil.literal", "cuvil.size", "cuvil.full", "cuvil.arange"})
 REDUCTIONS = frozenset({"cuvil.sum", "cuvil.mean", "cuvil.amax", "cuvil.amin", "cuvil.prod", "cuvil.var",
@@ -159,6 +162,40 @@ def _same_shape(a, b) -> bool:
     return len(a) == len(b) and all(map(dims_equal, a, b))
 
 
+def _reshapes(shape, full, axes) -> bool:
+    """Whether a tensor of `shape` is a reshape of one of `full` (as many elements, another shape)
+    and not of the shape a reduction over `axes` of `full` gives (with or without keepdim: empty,
+    or with the reduced dims 1, those have as many elements too)."""
+    kept = [1 if k in axes else d for k, d in enumerate(full)]
+    reduced = [d for k, d in enumerate(full) if k not in axes]
+    if any(_same_shape(shape, s) for s in (full, kept, reduced)):
+        return False
+    n, m = sympy.Integer(1), sympy.Integer(1)
+    for d in shape:
+        n = n * d
+    for d in full:
+        m = m * d
+    return sympy.expand(n - m) == 0
+
+
+def reshape_index(in_shape, out_shape, idx, known: Bounds) -> list:
+    """The operand index of a reshape, group by group: dims that merge or split into each other
+    (`reshape_groups`) are linearised and split by the operand's strides within their group
+    only, and a dim kept whole passes its index through. One group of all the dims where they
+    do not pair up (sizes whose ratio is not known to be whole)."""
+    out = [sympy.Integer(0)] * len(in_shape)
+    for ins, outs in reshape_groups(in_shape, out_shape):
+        linear, acc = sympy.Integer(0), sympy.Integer(1)
+        for k in reversed(outs):
+            linear, acc = linear + sympy.sympify(idx[k]) * acc, acc * out_shape[k]
+        acc = sympy.Integer(1)
+        for pos, k in enumerate(reversed(ins)):
+            q = linear if acc == 1 else floor_div(linear, acc, known)
+            out[k] = q if pos == len(ins) - 1 else modulo(q, in_shape[k], known)
+            acc = acc * in_shape[k]
+    return out
+
+
 def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
     """None when `lower_group` computes the group correctly, else the rule it breaks and why.
 
@@ -216,9 +253,11 @@ def _reduction_legality(fn: Function, ops: list[Operation], members: set[int]) -
     index it folds each reduction (in program order, so one may read another), then stores the
     outputs of the reduced shape and, in an inner loop over the reduced axes, those of the full
     shape. So all reductions iterate the same space, every output has the full, the kept (keepdim)
-    or the reduced shape, and every read of a reduction's result inside the group must be at the
-    current outer index: through elementwise ops (broadcasting) and index-remapping views only.
-    Anything else would need the reduction at another outer index, i.e. recomputing it."""
+    or the reduced shape, or is a reshape of the full shape (a group norm's affine and activation
+    after the reshape back to the channels, stored in the full shape's loop), and every read of a
+    reduction's result inside the group must be at the current outer index: through elementwise
+    ops (broadcasting) and index-remapping views only. Anything else would need the reduction at
+    another outer index, i.e. recomputing it."""
     reductions = [op for op in ops if op_kind(op) == "reduction"]
     if not reductions:
         return None
@@ -237,15 +276,22 @@ def _reduction_legality(fn: Function, ops: list[Operation], members: set[int]) -
     reduced = [full[k] for k in outer]
     outputs = group_outputs(fn, ops)
     for v in outputs:
-        if not any(_same_shape(v.type.shape, s) for s in (full, kept, reduced)):
+        if not _same_shape(v.type.shape, full) and not _same_shape(v.type.shape, kept) \
+                and not _same_shape(v.type.shape, reduced) and not _reshapes(v.type.shape, full, axes):
             return Refusal("shape", f"shape {shape_text(v.type.shape)} vs {shape_text(full)}: an output of "
-                                    f"{v.owner.name} is neither the reductions' input shape nor their result "
-                                    f"shape {shape_text(reduced)}")
-    i = [sympy.Symbol(f"_fuse_i{k}", integer=True, nonnegative=True) for k in range(len(full))]
+                                    f"{v.owner.name} is neither the reductions' input shape, a reshape of it, nor "
+                                    f"their result shape {shape_text(reduced)}")
+    # (a dim of one element is index 0: a reshape's index maps give 0 there)
+    i = [sympy.Integer(0) if is_one(full[k]) else sympy.Symbol(f"_fuse_i{k}", integer=True, nonnegative=True)
+         for k in range(len(full))]
+    known: Bounds = {s: (sympy.Integer(0), sympy.sympify(d) - 1) for s, d in zip(i, full)     # (none for an empty dim)
+                     if isinstance(s, sympy.Symbol) and not (isinstance(d, int) and d == 0)}
     stack = []
     for v in outputs:
         if _same_shape(v.type.shape, full):
             stack.append((v, list(i)))
+        elif _reshapes(v.type.shape, full, axes):
+            stack.append((v, reshape_index(v.type.shape, full, i, known)))
         elif len(v.type.shape) == len(full):
             stack.append((v, [0 if k in axes else i[k] for k in range(len(full))]))
         else:
@@ -273,6 +319,8 @@ def _reduction_legality(fn: Function, ops: list[Operation], members: set[int]) -
         elif idx is not None and kind == "elementwise" and op.name != "cuvil.batch_norm":
             shape = op.results[0].type.shape
             stack.extend((o, broadcast_index(idx, shape, o.type.shape)) for o in op.operands)
+        elif idx is not None and op.name == "cuvil.reshape":
+            stack.append((op.operands[0], reshape_index(op.operands[0].type.shape, v.type.shape, idx, known)))
         elif idx is not None and VIEWS.get(op.name) is not None:
             stack.append((op.operands[0], VIEWS[op.name](op, idx, v)[0]))
         else:
@@ -484,6 +532,7 @@ class GroupLowering:
         self.reductions: dict[int, dict[str, Var]] = {}   # op -> scalars it made in this outer iteration
         self.known: Bounds = {}
         self.mask: Expr | None = None
+        self.lanes: ColumnLanes | None = None    # the columns of a column reduction's iteration
         self.status: Buffer | None = None    # the status word, once a check needs it
         self.checks: list[str] = []          # what each check refuses: check k sets bit k
         self._names = itertools.count()
@@ -514,15 +563,19 @@ class GroupLowering:
         return v.owner.name not in INLINE_OPS or id(v) in self.read_from_memory
 
     def reads_row_major(self, v: Value) -> bool:
-        """Whether the group reads `v` from memory in row-major order: an input so stored, or a
-        reshape in the group of one (a reshape keeps the order: a transformer's tokens read as an
-        NHWC image)."""
+        return self.row_major_input(v) is not None
+
+    def row_major_input(self, v: Value) -> Buffer | None:
+        """The input buffer holding `v` in row-major order, where the group reads it so: an input
+        so stored, or a reshape in the group of one (a reshape keeps the order: a transformer's
+        tokens read as an NHWC image, a batched product's operand viewed with other batch dims)."""
         while not (self._is_source(v) and id(v) in self.inputs):
             p = v.owner
             if isinstance(p, Function) or id(p) not in self.members or p.name not in RESHAPES:
-                return False
+                return None
             v = p.operands[0]
-        return self.inputs[id(v)].strides is None
+        buf = self.inputs[id(v)]
+        return buf if buf.strides is None else None
 
     def _buffer(self, v: Value, role: str) -> Buffer:
         self.values.append(stored(v) if role == "in" else v)
@@ -547,7 +600,9 @@ class GroupLowering:
     def emit(self, stmt) -> None:
         self.blocks[-1].append(stmt)
 
-    def let(self, e: Expr, prefix: str = "t") -> Var:
+    def let(self, e: Expr, prefix: str = "t") -> Expr:
+        if self.lanes is not None and not self.lanes.inside:
+            return self.lanes.let(e)
         var = Var(self.fresh(prefix), e.dtype)
         self.emit(Let(var, e))
         return var
@@ -592,14 +647,16 @@ class GroupLowering:
             self.emit(Loop(var, start, extent, stmts, parallel))
 
     def reduce(self, kind: str, ranges: list[tuple[str, object, object]], value: Callable[[list], Expr],
-               dtype: DType, prefix: str | None = None) -> Var:
+               dtype: DType, prefix: str | None = None) -> Expr:
         """Emit `Reduce(kind)` over `ranges` ((var, start, extent) each); `value(vars)` builds the
-        per-iteration value inside the reduction body."""
+        per-iteration value inside the reduction body. In a column reduction, its columns' folds."""
         if not ranges:      # no axes to fold (a 0-d tensor): the one value is the result
             return self.let(cast(value([]), dtype), prefix or kind)
         if dtype == DType.bool and kind in ("max", "min"):     # LLVM's i1 is signed (true < false): fold as i8
             folded = self.reduce(kind, ranges, lambda vars: cast(value(vars), DType.i8), DType.i8, prefix)
             return self.let(cast(folded, DType.bool), prefix or kind)
+        if self.lanes is not None and not self.lanes.inside:
+            return self.lanes.reduce(kind, ranges, value, dtype)
         syms = []
         ranges = [(self._unshadowed(var), start, extent) for var, start, extent in ranges]
         for var, start, extent in ranges:
@@ -720,21 +777,7 @@ class GroupLowering:
         return self.value(op.operands[0], operand_idx)
 
     def reshape_index(self, in_shape, out_shape, idx) -> list:
-        """The operand index of a reshape, group by group: dims that merge or split into each other
-        (`reshape_groups`) are linearised and split by the operand's strides within their group
-        only, and a dim kept whole passes its index through. One group of all the dims where they
-        do not pair up (sizes whose ratio is not known to be whole)."""
-        out = [sympy.Integer(0)] * len(in_shape)
-        for ins, outs in reshape_groups(in_shape, out_shape):
-            linear, acc = sympy.Integer(0), sympy.Integer(1)
-            for k in reversed(outs):
-                linear, acc = linear + sympy.sympify(idx[k]) * acc, acc * out_shape[k]
-            acc = sympy.Integer(1)
-            for pos, k in enumerate(reversed(ins)):
-                q = linear if acc == 1 else floor_div(linear, acc, self.known)
-                out[k] = q if pos == len(ins) - 1 else modulo(q, in_shape[k], self.known)
-                acc = acc * in_shape[k]
-        return out
+        return reshape_index(in_shape, out_shape, idx, self.known)
 
     def _cat(self, op: Operation, idx) -> Expr:
         d = op.attrs["dim"]
@@ -1003,6 +1046,8 @@ class GroupLowering:
         kind = op_kind(op)
         if kind == "inline":
             return True
+        if kind == "reduction" and id(op) in self.members:
+            return True         # read where it is computed
         if kind == "elementwise" and op.name != "cuvil.batch_norm":
             shape = op.results[0].type.shape
             return all(self._source_reads(o, broadcast_index(idx, shape, o.type.shape), reads) for o in op.operands)
@@ -1054,25 +1099,80 @@ class GroupLowering:
                 raise CuvilVerifyError(f"group {self.name}: reductions over different index spaces cannot "
                                        f"share one kernel", r)
         outer_axes = [k for k in range(len(full)) if k not in axes]
+        syms = [sympy.Symbol(f"_r{k}", integer=True, nonnegative=True) for k in range(len(full))]
+        reads: list[tuple[Value, list]] | None = []
+        if not all(self._source_reads(r.operands[0], syms, reads) for r in reductions):
+            reads = None
+        lane = None if reads is None else _lane_axis(reads, syms, full, axes)
+        grouped = None if reads is None or lane is not None else _grouped_lanes(reads, syms, full, axes)
+        if grouped is not None:
+            lane, carried = grouped
+        elif reads is not None:
+            axes = _contiguous_last(reads, syms, axes)
 
         def body(outer_idx):
-            def full_index(inner):
-                idx, it_o, it_i = [], iter(outer_idx), iter(inner)
+            def full_index(inner):      # inner: the reduced dims' indices, in the order of `axes`
+                idx, it_o, at = [], iter(outer_idx), dict(zip(axes, inner))
                 for k in range(len(full)):
-                    idx.append(next(it_i) if k in axes else next(it_o))
+                    idx.append(at[k] if k in at else next(it_o))
                 return idx
             for r in reductions:
                 self.reductions[id(r)] = self.built_by(r, lambda r=r: REDUCTION_BODIES[r.name](self, r, axes, full,
                                                                                           full_index))
             self._store_reduction_outputs(reductions, full, axes, outer_idx, full_index)
-        if outer_axes:
+        if grouped is not None:
+            self._iterate_columns([full[k] for k in outer_axes], outer_axes.index(lane), carried, body,
+                                  (axes.index(carried), full[carried]))
+        elif lane is not None:
+            self._iterate_columns([full[k] for k in outer_axes], outer_axes.index(lane), lane, body)
+        elif outer_axes:
             self.iterate([full[k] for k in outer_axes], body, outer_only=True)
         else:
             body([])
 
+    def _iterate_columns(self, shape, a: int, axis: int, body: Callable[[list], None], carried=None) -> None:
+        """The parallel loop of a column reduction over kept dims `shape`: over the dims but `a`
+        and tiles of LANE_TILE columns of `a`; body(idx) runs once per item, `a`'s index the tile's
+        first column plus the lane (`ColumnLanes`); `axis` is the reduction space's dim along which
+        the columns are consecutive. With `carried` ((its place among the reduced dims, its extent
+        n)), the columns are those of `a` and a reduced dim merged (a group of n channels each):
+        column c is index c // n of `a` and c % n of the reduced dim."""
+        others = [k for k in range(len(shape)) if k != a]
+        n = 1 if carried is None else carried[1]
+        columns = norm_dim(sympy.sympify(shape[a]) * n)
+        tiles = norm_dim(sympy.ceiling(sympy.sympify(columns) / LANE_TILE))
+        items = norm_dim(sympy.Mul(*[shape[k] for k in others], tiles))
+
+        def item(p):
+            *outer, t = decompose(self.known, p, [shape[k] for k in others] + [tiles])
+            lane = loop_var(ColumnLanes.VAR)
+            self.known[lane] = (sympy.Integer(0), sympy.Integer(LANE_TILE - 1))
+            column = LANE_TILE * t + lane
+            group = column if carried is None else floor_div(column, n, self.known)
+            # the carried index as column - n*group (not column % n): a read at n*group + index is
+            # then the column itself, which the vectoriser sees through
+            self.lanes = ColumnLanes(self, p, items, tile_extent(LANE_TILE, columns, LANE_TILE * t), axis,
+                                     None if carried is None else (carried[0], column - n * group, n))
+            idx = [None] * len(shape)
+            for k, v in zip(others, outer):
+                idx[k] = v
+            idx[a] = group
+            try:
+                body(idx)
+            finally:
+                self.lanes = None
+        self.loop("p", items, item, parallel=True)
+
+    def _in_columns(self, body: Callable[[], None]) -> None:
+        """body() inside a loop over the columns of a column reduction, else directly."""
+        if self.lanes is None:
+            body()
+        else:
+            self.lanes.loop(body)
+
     def _store_reduction_outputs(self, reductions, full, axes, outer_idx, full_index) -> None:
-        def is_full(v):
-            return v.type.rank == len(full) and all(dims_equal(a, b) for a, b in zip(v.type.shape, full))
+        def is_full(v):     # stored in the loop over the full shape (a reshape of it at its own index)
+            return _same_shape(v.type.shape, full) or _reshapes(v.type.shape, full, axes)
         for v, buf in self.outputs.values():
             if is_full(v):
                 continue
@@ -1084,19 +1184,49 @@ class GroupLowering:
             else:
                 raise CuvilVerifyError(f"group {self.name}: output {v.type} fits neither the reduced nor the "
                                        f"full index space {list(full)}", v.owner)
-            e = self.value(v, idx)
-            self.built_by(v.owner, lambda: self.emit(Store(buf, idx, cast(e, buf.dtype))))
+
+            def store(v=v, buf=buf, idx=idx):
+                e = self.value(v, idx)
+                self.built_by(v.owner, lambda: self.emit(Store(buf, idx, cast(e, buf.dtype))))
+            self._in_columns(store)
         fulls = [v for v, _ in self.outputs.values() if is_full(v)]
         if fulls:
+            carried = None if self.lanes is None else self.lanes.carried
             ranges = [(f"j{k}", full[k]) for k in axes]
 
+            # The column loop innermost where the outputs are contiguous along the columns. Else
+            # the outputs' rows (the last dim, reduced) go in tiles of ROW_TILE: a tile's loop
+            # inside the column loop writes a run of each row and gathers the input's lines,
+            # which the next columns read again from L1 (a group norm of an NHWC image into NCHW).
+            columns_last = self.lanes is None or self.lanes.axis == len(full) - 1
+            rows_tiled = not columns_last and ranges[-1][0] == f"j{len(full) - 1}"
+
             def nest(level, inner):
+                if carried is not None and level == carried[0]:     # the columns carry this dim
+                    inner, level = inner + [carried[1]], level + 1
                 if level == len(ranges):
-                    self.store_outputs(full_index(inner), is_full)
+                    store = lambda: self._store_full_outputs(full, axes, full_index(inner))     # noqa: E731
+                    self._in_columns(store) if columns_last else store()
                     return
                 var, extent = ranges[level]
+                if rows_tiled and level == len(ranges) - 1:
+                    self.loop(var + "t", norm_dim(sympy.ceiling(sympy.sympify(extent) / ROW_TILE)), lambda t: (
+                        self._in_columns(lambda: self.loop(var, tile_extent(ROW_TILE, extent, ROW_TILE * t), lambda j: (
+                            nest(level + 1, inner + [ROW_TILE * t + j]))))))
+                    return
                 self.loop(var, extent, lambda j: nest(level + 1, inner + [j]))
-            nest(0, [])
+            if columns_last or rows_tiled:
+                nest(0, [])
+            else:
+                self._in_columns(lambda: nest(0, []))
+
+    def _store_full_outputs(self, full, axes, idx) -> None:
+        """Store the outputs of the full shape at `idx`, and those of a reshape of it at the index
+        of the same element."""
+        self.store_outputs(idx, lambda v: _same_shape(v.type.shape, full))
+        for v, _ in self.outputs.values():
+            if _reshapes(v.type.shape, full, axes):
+                self.store_outputs(self.reshape_index(v.type.shape, full, idx), lambda w, v=v: w is v)
 
 
 def _place(rank: int, others: list[int], outer: list, a: int, at_a, at_last) -> list:
@@ -1108,197 +1238,75 @@ def _place(rank: int, others: list[int], outer: list, a: int, at_a, at_last) -> 
     return idx
 
 
+def _lane_axis(reads: list[tuple[Value, list]], syms: list, full, axes) -> int | None:
+    """The kept dim to run the reductions as a column reduction along (`reductions.py`): one
+    that an input is contiguous along while no input is contiguous along a reduced dim, of at
+    least MIN_LANES elements. `reads`: the index each input is read at, the reduction space's
+    index as `syms`."""
+    found = None
+    for src, idx in reads:
+        if src.type.rank == 0:
+            continue
+        if any(_steps_by_one(idx[-1], syms[k]) for k in axes):
+            return None
+        for k in range(len(full)):
+            if found is None and k not in axes and _steps_by_one(idx[-1], syms[k]) \
+                    and not any(_moves(i, syms[k]) for i in idx[:-1]):
+                found = k
+    if found is None or (isinstance(full[found], int) and full[found] < MIN_LANES):
+        return None
+    return found
+
+
+def _grouped_lanes(reads: list[tuple[Value, list]], syms: list, full, axes) -> tuple[int, int] | None:
+    """(kept dim g, reduced dim c) whose merged index `n*g + c` an input is contiguous along, n
+    the extent of c and a divisor of LANE_TILE, with other dims reduced too: a group norm of an NHWC
+    activation, whose group's n channels lie together at each position. Then the columns of a
+    column reduction are the channels, and each group's fold combines its n columns."""
+    if len(axes) < 2:
+        return None
+    for src, idx in reads:
+        if src.type.rank == 0:
+            continue
+        last = sympy.expand(idx[-1])
+        for c in axes:
+            n = full[c]
+            if not (isinstance(n, int) and 1 < n < LANE_TILE and LANE_TILE % n == 0) \
+                    or not _steps_by_one(last, syms[c]):
+                continue
+            for g in range(len(full)):
+                if g not in axes and last.coeff(syms[g]) == n \
+                        and not any(_moves(i, syms[g]) or _moves(i, syms[c]) for i in idx[:-1]):
+                    columns = full[g] * n
+                    return (g, c) if not isinstance(columns, int) or columns >= MIN_LANES else None
+        return None
+    return None
+
+
+def _contiguous_last(reads: list[tuple[Value, list]], syms: list, axes: list[int]) -> list[int]:
+    """The reduced dims in the order of their loops: the last the one an input is contiguous
+    along, where that is not the last dim (a group norm of an NHWC image, read through the
+    conversion to NCHW: the channels of a group innermost, not the image's columns, a row of
+    channels apart)."""
+    if len(axes) < 2:
+        return axes
+    for src, idx in reads:
+        if src.type.rank == 0:
+            continue
+        if _steps_by_one(idx[-1], syms[axes[-1]]):
+            return axes
+        for k in axes[:-1]:
+            if _steps_by_one(idx[-1], syms[k]) and not any(_moves(i, syms[k]) for i in idx[:-1]):
+                return [a for a in axes if a != k] + [k]
+    return axes
+
+
 def _is_empty(shape) -> bool:
     return any(isinstance(d, int) and d == 0 for d in shape)
 
 
 def _where(op: Operation) -> str | None:
     return f"{op.loc.file}:{op.loc.line}" if op.loc else None
-
-
-# ----------------------------------------------------------------------------- reduction ops
-
-def reduction_space(op: Operation) -> tuple[tuple, list[int]]:
-    """(the shape iterated, the reduced axes) of a reduction op."""
-    x = op.operands[0].type
-    if op.name in ("cuvil.softmax", "cuvil.log_softmax"):
-        return x.shape, [op.attrs["dim"]] if x.rank else []
-    if op.name in ("cuvil.layer_norm", "cuvil.rms_norm"):
-        return x.shape, list(range(x.rank - op.attrs["normalized_ndim"], x.rank))
-    if op.name in ("cuvil.argmax", "cuvil.argmin"):
-        return x.shape, list(range(x.rank)) if op.attrs["dim"] is None else [op.attrs["dim"]]
-    return x.shape, sorted(op.attrs["dims"]) or list(range(x.rank))
-
-
-def _count(full, axes) -> sympy.Expr:
-    n = sympy.Integer(1)
-    for k in axes:
-        n = n * full[k]
-    return norm_dim(n)
-
-
-def _count_expr(full, axes, dtype: DType) -> Expr:
-    n = _count(full, axes)
-    return const(n, dtype) if isinstance(n, int) else cast(Index(n), dtype)
-
-
-def _ranges(axes, full, prefix="r"):
-    return [(f"{prefix}{k}", 0, full[k]) for k in axes]
-
-
-def _fold(lw: GroupLowering, kind: str, x: Value, axes, full, full_index, dtype: DType,
-          f: Callable[[Expr], Expr] = lambda e: e) -> Var:
-    return lw.reduce(kind, _ranges(axes, full), lambda vars: f(cast(lw.value(x, full_index(vars)), dtype)), dtype)
-
-
-def _simple(kind):
-    def body(lw, op, axes, full, full_index):
-        dtype = compute_dtype(op.results[0].type.dtype)
-        return {"result": _fold(lw, kind, op.operands[0], axes, full, full_index, dtype)}
-    return body
-
-
-def _shifted_mean(lw, x, axes, full, full_index, dtype) -> Var:
-    """The mean as `x0 + sum(x - x0) / n`, x0 the first element of the row: on data far from zero
-    (offset by 100, say) the sum of x - x0 stays near zero and rounds far less than the sum of x
-    (which rounds at n times the offset); the mean then rounds once, at its own magnitude. An
-    empty row reads no element (x0 is 0). A row with an inf or NaN gives NaN either way."""
-    n = _count(full, axes)
-    saved = lw.mask
-    if not (isinstance(n, int) and n > 0):
-        nonempty = call("gt", Index(n), const(0, DType.i64))
-        lw.mask = nonempty if saved is None else call("and", saved, nonempty)
-    x0 = lw.let(cast(lw.value(x, full_index([0] * len(axes))), dtype), "x0")
-    lw.mask = saved
-    total = _fold(lw, "sum", x, axes, full, full_index, dtype, lambda e: call("sub", e, x0))
-    return lw.let(call("add", x0, call("div", total, _count_expr(full, axes, dtype))), "mean")
-
-
-def _mean(lw, op, axes, full, full_index):
-    """sum / n, like eager (not shifted: where the data is not offset, subtracting x0 only adds a
-    rounding per element, e.g. the second mean of a written-out variance, `mean(d * d)`)."""
-    dtype = compute_dtype(op.results[0].type.dtype)
-    total = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype)
-    return {"result": lw.let(call("div", total, _count_expr(full, axes, dtype)), "mean")}
-
-
-def _mean_and_var(lw, x, axes, full, full_index, dtype, correction):
-    """Two-pass mean and variance (the second pass sums squared deviations: no cancellation). The
-    mean is shifted: eager's var (fp64 accumulation) and layer_norm (running moments) keep the
-    mean of offset data within about half an ulp, which sum / n does not."""
-    mean = _shifted_mean(lw, x, axes, full, full_index, dtype)
-
-    def dev2(e):
-        d = lw.let(call("sub", e, mean), "d")
-        return call("mul", d, d)
-    ss = _fold(lw, "sum", x, axes, full, full_index, dtype, dev2)
-    n = _count(full, axes)
-    denom = norm_dim(n - int(correction)) if float(correction).is_integer() else None
-    if denom is not None and isinstance(denom, int):
-        dn = const(max(denom, 0), dtype)
-    elif denom is not None:
-        dn = cast(Index(denom), dtype)
-    else:
-        dn = call("sub", _count_expr(full, axes, dtype), const(correction, dtype))
-    return mean, lw.let(call("div", ss, dn), "var")
-
-
-def _var(lw, op, axes, full, full_index):
-    dtype = compute_dtype(op.results[0].type.dtype)
-    _, var = _mean_and_var(lw, op.operands[0], axes, full, full_index, dtype, op.attrs["correction"])
-    return {"result": var}
-
-
-def _softmax(lw, op, axes, full, full_index):
-    dtype = compute_dtype(op.results[0].type.dtype)
-    m = _fold(lw, "max", op.operands[0], axes, full, full_index, dtype)
-    out = lw.outputs.get(id(op.result))
-    read_in_group = any(id(u) in lw.members for u in op.result.uses)
-    if op.name == "cuvil.softmax" and out is not None and out[1].dtype == DType.f32 and not read_in_group:
-        # the sum pass keeps exp(x - max) in the output; the store pass only scales it (not when an
-        # epilogue in the group reads the softmax too: it could read the output already scaled)
-        def exp_kept(vars):
-            e = lw.let(call("exp_ftz", call("sub", cast(lw.value(op.operands[0], full_index(vars)), dtype), m)), "e")
-            lw.emit(Store(out[1], full_index(vars), e))
-            return e
-        s = lw.reduce("sum", _ranges(axes, full), exp_kept, dtype)
-        return {"kept": out[1], "inv": lw.let(call("div", const(1.0, dtype), s), "inv")}
-    s = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype, lambda e: call("exp_ftz", call("sub", e, m)))
-    if op.name == "cuvil.log_softmax":
-        return {"max": m, "shift": lw.let(call("add", m, call("log", s)), "shift")}
-    return {"max": m, "inv": lw.let(call("div", const(1.0, dtype), s), "inv")}
-
-
-def _layer_norm(lw, op, axes, full, full_index):
-    dtype = compute_dtype(op.results[0].type.dtype)
-    mean, var = _mean_and_var(lw, op.operands[0], axes, full, full_index, dtype, 0)
-    rstd = lw.let(call("rsqrt", call("add", var, const(op.attrs["eps"], dtype))), "rstd")
-    return {"mean": mean, "rstd": rstd}
-
-
-def _rms_norm(lw, op, axes, full, full_index):
-    dtype = compute_dtype(op.results[0].type.dtype)
-    ss = _fold(lw, "sum", op.operands[0], axes, full, full_index, dtype, lambda e: call("mul", e, e))
-    eps = op.attrs["eps"]
-    if eps is None:
-        eps = scalar_ops.float_eps(op.operands[0].type.dtype)
-    ms = call("div", ss, _count_expr(full, axes, dtype))
-    return {"rstd": lw.let(call("rsqrt", call("add", ms, const(eps, dtype))), "rstd")}
-
-
-def _arg(kind):
-    """argmax/argmin: the extreme value, then the first flat position holding it (NaN counts as
-    the extreme, like torch)."""
-    def body(lw, op, axes, full, full_index):
-        x = op.operands[0]
-        dtype = compute_dtype(x.type.dtype)
-        best = _fold(lw, kind, x, axes, full, full_index, dtype)
-        sizes = [full[k] for k in axes]
-
-        def position(vars):
-            v = cast(lw.value(x, full_index(vars)), dtype)
-            hit = call("eq", v, best)
-            if dtype.is_float:
-                hit = call("or", hit, call("and", call("ne", v, v), call("ne", best, best)))
-            flat = sympy.Integer(0)
-            for var, size in zip(vars, sizes):
-                flat = flat * size + var
-            return call("select", hit, Index(flat), const(2 ** 62, DType.i64))
-        return {"result": lw.reduce("min", _ranges(axes, full), position, DType.i64, "arg")}
-    return body
-
-
-REDUCTION_BODIES: dict[str, Callable] = {
-    "cuvil.argmax": _arg("max"), "cuvil.argmin": _arg("min"),
-    "cuvil.sum": _simple("sum"), "cuvil.prod": _simple("prod"), "cuvil.amax": _simple("max"),
-    "cuvil.amin": _simple("min"), "cuvil.mean": _mean, "cuvil.var": _var, "cuvil.softmax": _softmax,
-    "cuvil.log_softmax": _softmax, "cuvil.layer_norm": _layer_norm, "cuvil.rms_norm": _rms_norm,
-}
-
-
-def _softmax_out(lw, op, vars, idx):
-    if "kept" in vars:
-        return call("mul", Load(vars["kept"], idx), vars["inv"])
-    x = cast(lw.value(op.operands[0], idx), compute_dtype(op.results[0].type.dtype))
-    if op.name == "cuvil.log_softmax":
-        return call("sub", x, vars["shift"])
-    return call("mul", call("exp_ftz", call("sub", x, vars["max"])), vars["inv"])
-
-
-def _norm_out(lw, op, vars, idx):
-    dtype = compute_dtype(op.results[0].type.dtype)
-    x = cast(lw.value(op.operands[0], idx), dtype)
-    y = call("mul", call("sub", x, vars["mean"]), vars["rstd"]) if "mean" in vars else call("mul", x, vars["rstd"])
-    n = op.attrs["normalized_ndim"]
-    for param, combine in zip(op.operands[1:], ("mul", "add")):
-        y = call(combine, y, cast(lw.value(param, idx[len(idx) - n:]), dtype))
-    return y
-
-
-REDUCTION_EPILOGUES: dict[str, Callable] = {
-    "cuvil.softmax": _softmax_out, "cuvil.log_softmax": _softmax_out,
-    "cuvil.layer_norm": _norm_out, "cuvil.rms_norm": _norm_out,
-}
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -98,3 +98,33 @@ def test_the_scan_kernel_reads_the_previous_result_back():
                           "for i in 1..max(0, n - 1) + 1 {", "%x0 = %a0[p, i]", "%y0[p, i] = mul(%y0[p, i - 1], %x0)", "}"]
     x = torch.rand(4, 9) + 0.5
     torch.testing.assert_close(run(graph, compile_graphs([graph]), x), torch.cumprod(x, 1), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"])
+def test_a_scan_along_an_outer_dim_folds_a_tile_of_rows_at_a_time(name):
+    """Along dim 1 of [3, 400, 70] (70 = 64 + 6 columns: a partial tile), each step of the fold is
+    a loop over a tile of the input's contiguous rows (`library.SCAN_COLUMNS`): the kernel's `col`
+    loop. The values as eager's, the compensated cumsum's to its f64 reference."""
+    fn = getattr(torch, name)
+    x = torch.randn(3, 400, 70, generator=torch.Generator().manual_seed(9))
+    if name == "cumprod":
+        x = 1 + 0.01 * x
+    x[0, 5, 3], x[1, 10, 66] = NAN, INF
+    compiled = cuvil.compile(lambda t: fn(t, 1), cache=False)
+    got, ref = compiled(x), fn(x, 1)
+    assert "for col in" in compiled.report.kernels[0]["kernel_ir"]
+    if name in ("cummax", "cummin"):
+        same(got.values, ref.values)
+        assert torch.equal(got.indices, ref.indices)
+    elif name == "cumsum":
+        torch.testing.assert_close(got, fn(x.double(), 1).float(), equal_nan=True, rtol=0, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, ref, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scan_over_rows_of_a_dynamic_count_with_an_epilogue():
+    compiled = cuvil.compile(lambda x: torch.cumsum(x, 0) * 0.5, dynamic={"x": {0: "n", 1: "m"}}, cache=False)
+    g = torch.Generator().manual_seed(10)
+    for n, m in ((1, 8), (300, 100), (17, 130)):
+        x = torch.randn(n, m, generator=g)
+        torch.testing.assert_close(compiled(x), torch.cumsum(x.double(), 0).float() * 0.5, rtol=0, atol=1e-5)
