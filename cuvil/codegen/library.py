@@ -1133,6 +1133,17 @@ def conv2d(lw, op):
             "depthwise": conv2d_depthwise}[conv_algorithm(op)](lw, op)
 
 
+TOPK_COLUMNS = 16  # the rows a topk along another dim than the last copies out together
+
+
+def _down_columns(X: Buffer, d: int, least: int) -> bool:
+    """Whether a fold or selection along dim `d` of input X goes a tile of its last dim's columns
+    at a time: `d` is not X's last dim, X is row-major, and its rows have at least `least` elements
+    (or a count known only at run time)."""
+    last = X.shape[-1]
+    return d != X.rank - 1 and X.strides is None and not (isinstance(last, int) and last < least)
+
+
 def argtopk(lw, op):
     """Each row along `dim`, in parallel, goes to the runtime's topk (`TopK`), which writes the
     indices of its first k elements; the group's epilogue then runs over them."""
@@ -1147,14 +1158,37 @@ def argtopk(lw, op):
     n, kept = x.type.shape[d], r.type.shape[d]
     k = op.attrs["k"] if op.attrs["order"] == "kthvalue" else kept     # (kthvalue's: the k-th alone)
     others = [s for a, s in enumerate(x.type.shape) if a != d]
+    # Along a dim other than the last of a row-major input, TOPK_COLUMNS neighbouring rows are
+    # first copied out as contiguous rows (a transpose: each line of the input read once), which
+    # the runtime then walks in order (in place, each element was a row of the input apart)
+    last = x.type.shape[-1]
+    columns = _down_columns(X, d, TOPK_COLUMNS)
+    tiles = norm_dim(sympy.ceiling(sympy.sympify(last) / TOPK_COLUMNS))
+    parallel = others[:-1] + [tiles] if columns else others
+    items = norm_dim(sympy.Mul(*parallel))
+    rows = lw.scratch(X.dtype, [items, TOPK_COLUMNS, n]) if columns else None
+
+    def topk(dst_at, src: BufRef, stride):
+        lw.emit(TopK(BufRef(T, T.offset(dst_at)[0]), src, n, stride, k, T.element_strides()[d],
+                     largest=op.attrs["largest"], order=op.attrs["order"]))
 
     def row(p):
-        idx = decompose(lw.known, p, others)
-        first = idx[:d] + [0] + idx[d:]
-        lw.emit(TopK(BufRef(T, T.offset(first)[0]), BufRef(X, X.offset(first)[0]), n, X.element_strides()[d], k,
-                     T.element_strides()[d], largest=op.attrs["largest"], order=op.attrs["order"]))
-        _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, kept)] + [(i, 1) for i in idx[d:]])
-    lw.loop("p", norm_dim(sympy.Mul(*others)), row, parallel=True)
+        idx = decompose(lw.known, p, parallel)
+        if not columns:
+            first = idx[:d] + [0] + idx[d:]
+            topk(first, BufRef(X, X.offset(first)[0]), X.element_strides()[d])
+            _epilogue(lw, [(i, 1) for i in idx[:d]] + [(0, kept)] + [(i, 1) for i in idx[d:]])
+            return
+        *kept_idx, t = idx
+        start = TOPK_COLUMNS * t
+        width = tile_extent(TOPK_COLUMNS, last, start)
+
+        def at(i, c):
+            return kept_idx[:d] + [i] + kept_idx[d:] + [start + c]
+        lw.loop("i", n, lambda i: lw.loop("col", width, lambda c: lw.emit(Store(rows, [p, c, i], Load(X, at(i, c))))))
+        lw.loop("col", width, lambda c: topk(at(0, c), BufRef(rows, rows.offset([p, c, 0])[0]), 1))
+        _epilogue(lw, [(i, 1) for i in kept_idx[:d]] + [(0, kept)] + [(i, 1) for i in kept_idx[d:]] + [(start, width)])
+    lw.loop("p", items, row, parallel=True)
 
 
 def grouped_matmul(lw, op):
@@ -1271,7 +1305,7 @@ def scan(lw, op):
     # rows go together: each step a loop over them, which reads and writes contiguous runs (one
     # row at a time read a float per cache line, a row of the input apart: cumsum over dim 0).
     last = x.type.shape[-1]
-    columns = d != x.type.rank - 1 and X.strides is None and not (isinstance(last, int) and last < SCAN_MIN_COLUMNS)
+    columns = _down_columns(X, d, SCAN_MIN_COLUMNS)
     parallel = others[:-1] + [norm_dim(sympy.ceiling(sympy.sympify(last) / SCAN_COLUMNS))] if columns else others
 
     def row(p):

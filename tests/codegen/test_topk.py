@@ -206,3 +206,33 @@ def test_a_saved_model_keeps_the_runtime_call_and_torchs_result_type(tmp_path):
     ref = torch.topk(x, 7)
     assert torch.equal(top.values, ref.values) and torch.equal(top.indices, ref.indices)
     assert torch.equal(biggest.indices, torch.max(x, 1).indices)
+
+
+def test_a_topk_along_an_outer_dim_copies_a_tile_of_rows_out_first():
+    """Along dim 0 of [300, 40] (tiles of 16 columns, the last one of 8), the columns are copied out
+    as contiguous rows (`library.TOPK_COLUMNS`) and the runtime walks them with stride 1 (in place,
+    each element was a row of 40 floats apart). Ties and NaN as torch orders them."""
+    x = torch.randint(-3, 3, (300, 40), generator=torch.Generator().manual_seed(12)).float()
+    x[7, 3], x[100, 3], x[5, 39] = NAN, NAN, -INF
+    compiled = cuvil.compile(lambda t: torch.topk(t, 6, dim=0), cache=False)
+    values, indices = compiled(x)
+    ref = torch.topk(x, 6, dim=0)
+    assert_selection(values, indices, x, 0, ref.values)
+    assert torch.equal(indices, ref.indices)
+    kernel = next(k["kernel_ir"] for k in compiled.report.kernels if "topk " in k["kernel_ir"])
+    assert "stride=1," in kernel and "for col in" in kernel
+    for fn in (lambda t: torch.sort(t, dim=0, stable=True), lambda t: torch.kthvalue(t, 100, dim=0),
+               lambda t: torch.median(t, dim=0)):
+        got, want = cuvil.compile(fn, cache=False)(x), fn(x)
+        torch.testing.assert_close(got.values, want.values, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(got.indices, want.indices)
+
+
+def test_a_topk_along_a_middle_dim_of_a_dynamic_batch():
+    compiled = cuvil.compile(lambda t: torch.topk(t, 3, dim=1, largest=False), dynamic=[{0: "b"}], cache=False)
+    for b in (1, 3):
+        x = torch.randn(b, 50, 21, generator=torch.Generator().manual_seed(b))
+        values, indices = compiled(x)
+        ref = torch.topk(x, 3, dim=1, largest=False)
+        torch.testing.assert_close(values, ref.values, rtol=0, atol=0)
+        assert torch.equal(indices, ref.indices)
