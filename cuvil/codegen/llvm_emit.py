@@ -472,7 +472,10 @@ class KernelEmitter:
             return
         acc = self._accumulator(ty, s.var.name + ".acc")
         self.b.store(init, acc)
-        self._reduce_nest(loops, lambda: self._accumulate(s, acc, ty))
+        # a float max or min is NaN-propagating `llvm.maximum`, 6 dependent instructions a vector on
+        # x86: one accumulator chain ran 11 cycles a vector, LLVM interleaves none by itself
+        chains = LATENCY_INTERLEAVE if s.kind in ("max", "min") and s.var.dtype.is_float else None
+        self._reduce_nest(loops, lambda: self._accumulate(s, acc, ty), chains)
         self.scalars[s.var.name] = self.b.load(acc, typ=ty, name=s.var.name)
 
     def _accumulator(self, ty, name: str, count: int | None = None) -> ir.Value:
@@ -480,7 +483,9 @@ class KernelEmitter:
         size = None if count is None else ir.Constant(I64, count)
         return ir.IRBuilder(self.entry).alloca(ty, size=size, name=name)
 
-    def _reduce_nest(self, loops, innermost: Callable[[], None]) -> None:
+    def _reduce_nest(self, loops, innermost: Callable[[], None], chains: int | None = None) -> None:
+        """The reduction's loops around `innermost`; `chains`: vector accumulators LLVM keeps in its
+        innermost loop (its interleave count), where it would pick too few."""
         def nest(level: int) -> None:
             if level == len(loops):
                 innermost()
@@ -489,11 +494,19 @@ class KernelEmitter:
             lo = self.index(r.start)
             latch = self.counted_loop(r.var, lo, self.b.add(lo, self.index(r.extent), flags=["nsw"]),
                                       lambda: nest(level + 1))
+            if level < len(loops) - 1:
+                return
             extent = sympy.sympify(r.extent)
-            if level == len(loops) - 1 and extent.is_Integer and int(extent) >= self.mb.target.vector_floats:
+            lanes = self.mb.target.vector_floats
+            # (not a short static loop, such as a pooling window's: LLVM unrolls that whole)
+            long = not extent.is_Integer or int(extent) >= (chains or 1) * lanes
+            props = [("llvm.loop.interleave.count", chains)] if chains and long else []
+            if extent.is_Integer and int(extent) >= lanes:
                 # LLVM would unroll a short static row fully before the vectoriser sees it: layer
                 # norm's sum over 64 channels became one chain of 64 scalar adds (3x the time)
-                latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, ("llvm.loop.unroll.disable",)))
+                props.append(("llvm.loop.unroll.disable",))
+            if props:
+                latch.set_metadata("llvm.loop", loop_metadata(self.mb.module, *props))
         nest(0)
 
     def _accumulate(self, s: Reduce, acc, ty) -> None:

@@ -124,3 +124,27 @@ def test_fused_reduction_groups(compiled):
     x, r, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
     ref, eager_err = fp64_error_bound(lambda x, r, w: F.gelu(F.layer_norm(x + r, (64,), w)), x, r, w)
     assert_within_eager_error(run(FUSED["residual_ln_gelu"], compiled, x, r, w), ref, eager_err)
+
+
+LONG_ROWS = {
+    "amax": Graph("long_amax", lambda b, x: b("cuvil.amax", x, dims=[1]), [T("s0", 1000)]),
+    "amin": Graph("long_amin", lambda b, x: b("cuvil.amin", x, dims=[1]), [T("s0", "s1")]),
+}
+
+
+@pytest.mark.parametrize("kind", list(LONG_ROWS))
+def test_long_row_extremes_with_nan_and_infinities_anywhere(kind):
+    """A long row's max and min run four vector accumulators: a NaN, an infinity or the extreme
+    in any lane of any of them, or in the scalar tail, still decides the row, as in torch."""
+    graph = LONG_ROWS[kind]
+    compiled = compile_graphs([graph])
+    ref = getattr(torch, kind)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(70, 1000, generator=g)
+    for row, col in enumerate(range(0, 1000, 15)):      # every lane of the four accumulators, and the tail
+        x[row, col] = (float("nan"), float("inf"), float("-inf"), 1e30, -1e30)[row % 5]
+    out = run(graph, compiled, x)
+    assert torch.equal(out.isnan(), ref(x, 1).isnan()) and out.isnan().sum() == 14
+    assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(ref(x, 1)))
+    masked = torch.full((2, 1000), float("-inf"))
+    assert torch.equal(run(graph, compiled, masked), ref(masked, 1))
