@@ -128,3 +128,42 @@ def test_a_scan_over_rows_of_a_dynamic_count_with_an_epilogue():
     for n, m in ((1, 8), (300, 100), (17, 130)):
         x = torch.randn(n, m, generator=g)
         torch.testing.assert_close(compiled(x), torch.cumsum(x.double(), 0).float() * 0.5, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"])
+def test_a_scan_along_the_last_dim_folds_a_vector_of_rows_at_a_time(name):
+    """Along the last dim of [2, 37, 203] (37 = 2 x 16 + 5 rows: a partial tile; 203 = 25 x 8 + 3
+    steps: partial transposed tiles), a vector of rows goes together (`SCAN_ROW_BYTES`), copied transposed in and out
+    (`library._transposed_copy`): the kernel's `col` loop inside the step loop. Special values in
+    rows of the first, a middle and the last tile."""
+    fn = getattr(torch, name)
+    x = torch.randn(2, 37, 203, generator=torch.Generator().manual_seed(11))
+    if name == "cumprod":
+        x = 1 + 0.01 * x
+    x[0, 3, 5], x[0, 20, 200], x[1, 36, 7], x[1, 33, 100], x[1, 0, 202] = NAN, INF, -INF, NAN, INF
+    compiled = cuvil.compile(lambda t: fn(t, -1), cache=False)
+    got, ref = compiled(x), fn(x, -1)
+    kernel = compiled.report.kernels[0]["kernel_ir"]
+    assert "for col in" in kernel and "for ia in" in kernel
+    if name in ("cummax", "cummin"):
+        same(got.values, ref.values)
+        assert torch.equal(got.indices, ref.indices)
+    elif name == "cumsum":
+        torch.testing.assert_close(got, fn(x.double(), -1).float(), equal_nan=True, rtol=0, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, ref, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+def test_a_last_dim_scan_of_dynamic_rows_and_length_with_an_epilogue_and_integers():
+    compiled = cuvil.compile(lambda x: torch.relu(torch.cumsum(x, 1)) * 0.5, dynamic={"x": {0: "n", 1: "m"}},
+                             cache=False)
+    g = torch.Generator().manual_seed(12)
+    for n, m in ((1, 8), (40, 9), (16, 300), (3, 1000)):
+        x = torch.randn(n, m, generator=g)
+        torch.testing.assert_close(compiled(x), torch.relu(torch.cumsum(x.double(), 1).float()) * 0.5,
+                                   rtol=0, atol=1e-5)
+    ints = torch.randint(-50, 50, (32, 77), generator=g, dtype=torch.int32)
+    counts = cuvil.compile(lambda t: (t.cumsum(1), torch.cummax(t, 1)), cache=False)(ints)
+    assert torch.equal(counts[0], ints.cumsum(1))
+    assert torch.equal(counts[1].values, torch.cummax(ints, 1).values)
+    assert torch.equal(counts[1].indices, torch.cummax(ints, 1).indices)
