@@ -35,14 +35,14 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from ..ir.types import DType
+from ..ir.types import DType, norm_dim
 from .kernel_ir import (Buffer, Call, Cast, Check, Const, Expr, Gemm, Index, Kernel, Let, Load, Loop, Reduce, Store, TopK,
                         Var, GEMM_TAPS, GEMM_WINDOW, loop_var, operands)
 from .collapse import collapsed_loops
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
-from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, emit_panel_gemm, for_range, loop_metadata, panel_gemm_name,
-                         panel_rows, row_blocks)
+from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, chunks_k, emit_panel_gemm, for_range, loop_metadata,
+                         panel_gemm_name, panel_rows, row_blocks)
 from .target import Target
 from .transpose_tile import (COLUMN, ROW, TILE, TRANSPOSE_ORDER, TRANSPOSE_STAGES, TransposedTile,
                              transposed_tile)
@@ -148,17 +148,17 @@ class ModuleBuilder:
                             ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32, PTR, I64]),
                             lambda fn, _: (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta))
 
-    def panel_gemm_function(self, width: int, bias: bool, relu: bool, m) -> ir.Function:
+    def panel_gemm_function(self, width: int, bias: bool, relu: bool, m, chunked: bool = False) -> ir.Function:
         """C = A @ B (+ bias, relu) with B packed in panels of `width` columns, A read through a
         window (`panel_gemm.py`), blocked for the target's vector registers; `m`: this call's rows
-        (an expression)."""
+        (an expression); `chunked`: k walked in chunks that keep a panel's part in L2."""
         lanes = self.target.vector_floats
         rows = panel_rows(lanes, self.target.vector_registers, width)
-        name = panel_gemm_name(width, bias, relu)
+        name = panel_gemm_name(width, bias, relu, chunked)
         if self.helpers is not None:
             self.helpers.need(name, row_blocks(m, rows))
         return self._helper(name, ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS),
-                            lambda fn, blocks: emit_panel_gemm(fn, lanes, rows, width, bias, relu, blocks))
+                            lambda fn, blocks: emit_panel_gemm(fn, lanes, rows, width, bias, relu, blocks, chunked))
 
     def _helper(self, name: str, fnty: ir.FunctionType, define: Callable) -> ir.Function:
         """A GEMM loop nest kernels call: defined in this module (internal, for every call:
@@ -631,7 +631,8 @@ class KernelEmitter:
                 [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one, one,   # plain: one run
                  ir.Constant(I64, 0)]
             bias = self._ref_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
-            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m),
+            chunked = s.a_rows is not None and chunks_k(norm_dim(s.k), norm_dim(s.k_run), s.b_panels)
+            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m, chunked),
                    [self._ref_ptr(s.c), self._ref_ptr(s.a), self._ref_ptr(s.b), self.index(s.m),
                     self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window, bias])
             return

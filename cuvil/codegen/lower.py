@@ -37,7 +37,7 @@ from ..index_inputs import index_outside
 from ..ir.core import Function, Operation, Value
 from ..ir.ops.common import is_one
 from ..ir.ops.layout import RESHAPES
-from ..ir.types import DType, dim_str, dims_equal, norm_dim
+from ..ir.types import DType, bounds, dim_str, dims_equal, norm_dim
 from . import scalar_ops
 from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, floor_div, index_max, index_min,
                          modulo, reshape_groups, tile_extent)
@@ -64,6 +64,23 @@ def _natural(name: str):
 
 
 # ----------------------------------------------------------------------------- classification
+
+def cat_offsets(op: Operation) -> list:
+    """Where each piece of a cat starts along its dim."""
+    d, offsets, at = op.attrs["dim"], [], sympy.Integer(0)
+    for x in op.operands:
+        offsets.append(at)
+        at = at + x.type.shape[d]
+    return offsets
+
+
+def _moves_elements(permute: Operation) -> bool:
+    """Whether a permute changes the order of its operand's elements: it moves dims of more than
+    one element past each other (a per-channel constant [1, C, 1, 1] permuted to NHWC does not)."""
+    shape = permute.operands[0].type.shape
+    moved = [d for d in permute.attrs["perm"] if shape[d] != 1]
+    return moved != sorted(moved)
+
 
 def op_kind(op: Operation) -> str:
     """How the lowering treats an op: inline, elementwise, view, reduction, window, library, or
@@ -780,15 +797,19 @@ class GroupLowering:
         return reshape_index(in_shape, out_shape, idx, self.known)
 
     def _cat(self, op: Operation, idx) -> Expr:
+        """The piece the position along the cat's dim falls in: a select over the pieces, but for
+        those its known bounds rule out (a loop split at the pieces' offsets, `_inner_loop`, reads
+        one piece per loop, unmasked)."""
         d = op.attrs["dim"]
         dtype = compute_dtype(op.results[0].type.dtype)
         pos = sympy.sympify(idx[d])
-        offsets, acc = [], sympy.Integer(0)
-        for x in op.operands:
-            offsets.append(acc)
-            acc = acc + x.type.shape[d]
+        pieces = [(x, off) for x, off in zip(op.operands, cat_offsets(op))
+                  if self._may_hold(pos, off, x.type.shape[d])] or list(zip(op.operands, cat_offsets(op)))
+        if len(pieces) == 1 and self._holds(pos, pieces[0][1], pieces[0][0].type.shape[d]):
+            (x, off), = pieces
+            return cast(self.value(x, [*idx[:d], pos - off, *idx[d + 1:]]), dtype)
         result = None
-        for x, off in reversed(list(zip(op.operands, offsets))):
+        for x, off in reversed(pieces):
             inside = call("and", call("ge", Index(pos), Index(off)),
                           call("lt", Index(pos), Index(off + x.type.shape[d])))
             saved = self.mask
@@ -799,6 +820,27 @@ class GroupLowering:
             self.mask = saved
             result = piece if result is None else call("select", inside, piece, result)
         return result
+
+    def _span(self, pos) -> tuple | None:
+        """Inclusive bounds of an index: its loop variables' terms by their known bounds, the rest
+        (sizes, positive symbols) as it is; None when unknown."""
+        pos = sympy.sympify(pos)
+        varying = sympy.Add(*(t for t in sympy.Add.make_args(pos) if t.free_symbols & set(self.known)))
+        b = bounds(varying, self.known) if varying != 0 else (0, 0)
+        if b is None:
+            return None
+        return sympy.sympify(b[0]) + pos - varying, sympy.sympify(b[1]) + pos - varying
+
+    def _may_hold(self, pos, off, size) -> bool:
+        """Whether `pos` may fall in [off, off + size), by its known bounds (True when unknown)."""
+        span = self._span(pos)
+        return span is None or not ((span[1] - off).is_negative or (span[0] - off - size).is_nonnegative)
+
+    def _holds(self, pos, off, size) -> bool:
+        """Whether `pos` always falls in [off, off + size), by its known bounds."""
+        span = self._span(pos)
+        return span is not None and (span[0] - off).is_nonnegative is True and \
+            (off + size - 1 - span[1]).is_nonnegative is True
 
     def _slice_scatter(self, op: Operation, idx) -> Expr:
         """src where the index falls on the slice (src's read masked elsewhere), x everywhere else."""
@@ -952,12 +994,26 @@ class GroupLowering:
         """The loop over an output's last dim; in runs of F when a reshape in the group merged it
         from dims whose last has F elements (attention's heads back into one row: [4, 64] -> 256),
         so that the reads along a run are contiguous (one loop over the merged dim reads through
-        `i // 64` and `i % 64`, which LLVM vectorised with gathers)."""
+        `i // 64` and `i % 64`, which LLVM vectorised with gathers). A cat along that dim splits it
+        into a loop per piece, each reading its piece alone (a select over all of them, per
+        element, made DenseNet's concatenation of up to 49 pieces quadratic)."""
+        cat = self._cat_along_last(extent)
+        if cat is not None:
+            d = cat.attrs["dim"]
+            for x, off in zip(cat.operands, cat_offsets(cat)):
+                self.loop(name, x.type.shape[d], lambda i, off=off: body(off + i))
+            return
         F = self._merged_run(extent)
         if F is None:
             self.loop(name, extent, body)
             return
         self.loop(name + "r", extent // F, lambda r: self.loop(name, F, lambda i: body(F * r + i)))
+
+    def _cat_along_last(self, extent) -> Operation | None:
+        """The group's cat of the most pieces along its last dim, of `extent` elements."""
+        cats = [op for op in self.ops if op.name == "cuvil.cat" and op.attrs["dim"] == op.result.type.rank - 1
+                and dims_equal(op.result.type.shape[-1], extent)]
+        return max(cats, key=lambda op: len(op.operands), default=None)
 
     def _merged_run(self, extent) -> int | None:
         if not isinstance(extent, int):
@@ -1005,7 +1061,7 @@ class GroupLowering:
         transpose; of an input or of elementwise ops on inputs, which are computed at the permuted
         index): the output's rows then gather those inputs."""
         for op in self.ops:
-            if op.name == "cuvil.permute" and op.result.type.rank == rank:
+            if op.name == "cuvil.permute" and op.result.type.rank == rank and _moves_elements(op):
                 perm = list(op.attrs["perm"])
                 if perm[-1] != rank - 1:
                     return perm.index(rank - 1)

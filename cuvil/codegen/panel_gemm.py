@@ -26,6 +26,12 @@ runs of the channels, k_run_step = dilation * channels floats apart.
 The `.bias` and `.relu` variants finish each block of C in registers before storing it: + bias[j]
 for column j, then relu as C < 0 ? 0 : C (NaN and -0 pass, as in torch and the epilogue loop they
 replace). The plain variant ignores `bias`.
+
+The `.chunked` variant walks k in chunks of whole runs, each chunk's part of a panel at most
+CHUNK_BYTES, over every block of rows before the next chunk: the part stays in L2 while the blocks
+read it. Each block after the first chunk starts from the C that the chunks before it stored, and
+only the last chunk's store is finished. A convolution's panel of 3 x 3 x 2048 channels (FCN's
+head) is 2.4 MB: unchunked, every block of rows streamed it from L3.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ MAX_ACCUMULATORS = 24
 MAX_ROWS = 12
 CHAIN_FMAS = 8      # FMAs in flight to fill two FMA units of 4 cycles' latency
 MAX_CHAINS = 4
+CHUNK_BYTES = 1 << 20   # a chunk's part of a panel (`.chunked`): half of this Xeon's 2 MB of L2 a core
 
 
 def panel_rows(lanes: int, registers: int, width: int) -> int:
@@ -64,8 +71,15 @@ def row_blocks(m, rows: int) -> frozenset[int] | None:
     return frozenset(size for size, count in ((rows, full), (4, fours - full), (1, m - fours)) if count > 0)
 
 
-def panel_gemm_name(width: int, bias: bool = False, relu: bool = False) -> str:
-    return f"cuvil.panel_gemm.{width}" + (".bias" if bias else "") + (".relu" if relu else "")
+def panel_gemm_name(width: int, bias: bool = False, relu: bool = False, chunked: bool = False) -> str:
+    return f"cuvil.panel_gemm.{width}" + (".chunked" if chunked else "") + (".bias" if bias else "") + \
+        (".relu" if relu else "")
+
+
+def chunks_k(k, k_run, width: int) -> bool:
+    """Whether a product of static `k` in runs of `k_run` wants the `.chunked` variant: its panels
+    are larger than a chunk, and have runs to cut them at."""
+    return isinstance(k, int) and isinstance(k_run, int) and 0 < k_run < k and k * width * 4 > CHUNK_BYTES
 
 
 def _intrinsic(module: ir.Module, name: str, ty: ir.Type, arity: int) -> ir.Function:
@@ -75,8 +89,8 @@ def _intrinsic(module: ir.Module, name: str, ty: ir.Type, arity: int) -> ir.Func
 
 
 def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bool = False,
-                    relu: bool = False, blocks: frozenset[int] | None = None) -> None:
-    """The body of `panel_gemm_name(width, bias, relu)` (see the module docstring) for
+                    relu: bool = False, blocks: frozenset[int] | None = None, chunked: bool = False) -> None:
+    """The body of `panel_gemm_name(width, bias, relu, chunked)` (see the module docstring) for
     `lanes`-wide vectors, with the loops of the row `blocks` its callers' m need (`row_blocks`;
     None: every block, for any m). A block's loop left out would run no iterations for those m;
     each one kept is unrolled code LLVM spends time on (12, 4 and 1 rows: 86 ms, 12 and 4: 68,
@@ -100,14 +114,49 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
     undef = ir.Constant(vec, ir.Undefined)
     splat_mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
 
-    def block(p, first: ir.Value, count: int) -> None:
-        """C[first : first+count, panel p] for a static count of rows."""
+    def resume_from_c(corner, count: int, whole, left) -> None:
+        """acc[0] += the C block the chunks before stored (a partial panel's through the tile)."""
+        def add(r, v, at):
+            b.store(b.fadd(b.load(acc[0][r][v], typ=vec), b.load(at, typ=vec, align=4)), acc[0][r][v])
+        with b.if_else(whole) as (then, otherwise):
+            with then:
+                for r in range(count):
+                    row = b.gep(corner, [b.mul(i64(r), ldc)], inbounds=True, source_etype=F32)
+                    for v in range(vectors):
+                        add(r, v, b.gep(row, [i64(v * lanes)], inbounds=True, source_etype=F32))
+            with otherwise:
+                for r in range(count):
+                    for v in range(vectors):
+                        b.store(zero, b.gep(tile, [i64(r * vectors + v)], inbounds=True, source_etype=vec))
+
+                def copy_row(r):
+                    row, kept = (b.gep(base, [b.mul(r, stride)], inbounds=True, source_etype=F32)
+                                 for base, stride in ((corner, ldc), (tile_floats, i64(width))))
+                    for_range(b, i64(0), left, i64(1), "j", lambda j: b.store(
+                        b.load(b.gep(row, [j], inbounds=True, source_etype=F32), typ=F32),
+                        b.gep(kept, [j], inbounds=True, source_etype=F32)),
+                        ("llvm.loop.vectorize.width", 1), ("llvm.loop.unroll.disable",))
+                for_range(b, i64(0), i64(count), i64(1), "r", copy_row, ("llvm.loop.unroll.disable",))
+                for r in range(count):
+                    for v in range(vectors):
+                        add(r, v, b.gep(tile, [i64(r * vectors + v)], inbounds=True, source_etype=vec))
+
+    def block(p, first: ir.Value, count: int, runs: tuple, resume: ir.Value | None, last: ir.Value | None) -> None:
+        """C[first : first+count, panel p] for a static count of rows, over k's runs [runs[0],
+        runs[1]); `resume`: start from C (a chunk after the first), `last`: finish the store."""
         panel = b.gep(bp, [b.mul(p, b.mul(k, i64(width)))], inbounds=True, source_etype=F32)
         chain = chains[count]
         for h in range(chain):
             for r in range(count):
                 for v in range(vectors):
                     b.store(zero, acc[h][r][v])
+        column = b.mul(p, i64(width))
+        left = b.sub(n, column)
+        whole = b.icmp_signed(">=", left, i64(width))
+        corner = b.gep(c, [b.add(b.mul(first, ldc), column)], inbounds=True, source_etype=F32)
+        if resume is not None:
+            with b.if_then(resume):
+                resume_from_c(corner, count, whole, left)
         rows_of_a = []
         for r in range(count):
             row = b.add(first, i64(r))
@@ -144,25 +193,23 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
             for_range(b, i64(0), split, i64(chain), "kc", steps, ("llvm.loop.unroll.disable",), carry=b_run)
             for_range(b, split, k_run, i64(1), "k", step, ("llvm.loop.unroll.disable",),
                       carry=b.gep(b_run, [b.mul(split, i64(width))], inbounds=True, source_etype=F32))
-        for_range(b, i64(0), b.sdiv(k, k_run), i64(1), "run", run, ("llvm.loop.unroll.disable",))
+        for_range(b, runs[0], runs[1], i64(1), "run", run, ("llvm.loop.unroll.disable",))
         for h in range(1, chain):
             for r in range(count):
                 for v in range(vectors):
                     b.store(b.fadd(b.load(acc[0][r][v], typ=vec), b.load(acc[h][r][v], typ=vec)), acc[0][r][v])
-        column = b.mul(p, i64(width))
-        left = b.sub(n, column)
-        whole = b.icmp_signed(">=", left, i64(width))
         bias_at = b.gep(bias_ptr, [column], inbounds=True, source_etype=F32)
 
         def finish(x, at, ty):
-            """The epilogue in registers: x (of type `ty`) + bias at `at`, then relu."""
+            """The epilogue in registers: x (of type `ty`) + bias at `at`, then relu (after the last
+            chunk only)."""
+            done = x
             if bias:
-                x = b.fadd(x, b.load(b.gep(bias_at, [at], inbounds=True, source_etype=F32), typ=ty, align=4))
+                done = b.fadd(done, b.load(b.gep(bias_at, [at], inbounds=True, source_etype=F32), typ=ty, align=4))
             if relu:        # x < 0 ? 0 : x, like torch.relu (-0.0 and NaN pass)
                 zero = ir.Constant(ty, None)
-                x = b.select(b.fcmp_ordered("<", x, zero), zero, x)
-            return x
-        corner = b.gep(c, [b.add(b.mul(first, ldc), column)], inbounds=True, source_etype=F32)
+                done = b.select(b.fcmp_ordered("<", done, zero), zero, done)
+            return done if last is None or done is x else b.select(last, done, x)
         with b.if_else(whole) as (then, otherwise):
             with then:
                 for r in range(count):
@@ -198,14 +245,27 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
     def kept(size: int) -> bool:
         return blocks is None or size in blocks
 
-    def panel(p):
+    def rows_of(p, runs: tuple, resume=None, last=None):
         if kept(rows):
-            for_range(b, i64(0), full, i64(rows), "i", lambda first: block(p, first, rows))
+            for_range(b, i64(0), full, i64(rows), "i", lambda first: block(p, first, rows, runs, resume, last))
         if rows > 4 and kept(4):
-            for_range(b, full, fours, i64(4), "i4", lambda first: block(p, first, 4))
+            for_range(b, full, fours, i64(4), "i4", lambda first: block(p, first, 4, runs, resume, last))
         if rows > 1 and kept(1):
-            for_range(b, fours, m, i64(1), "i1", lambda first: block(p, first, 1))
-    for_range(b, i64(0), panels, i64(1), "p", panel)
+            for_range(b, fours, m, i64(1), "i1", lambda first: block(p, first, 1, runs, resume, last))
+
+    all_runs = b.sdiv(k, k_run)
+    if chunked:     # chunks of whole runs, a chunk's part of a panel at most CHUNK_BYTES
+        per_chunk = b.sdiv(i64(CHUNK_BYTES // 4), b.mul(k_run, i64(width)))
+        per_chunk = b.select(b.icmp_signed("<", per_chunk, i64(1)), i64(1), per_chunk)
+
+        def chunk(p, lo):
+            hi = b.add(lo, per_chunk)
+            hi = b.select(b.icmp_signed("<", hi, all_runs), hi, all_runs)
+            rows_of(p, (lo, hi), b.icmp_signed(">", lo, i64(0)), b.icmp_signed("==", hi, all_runs))
+        for_range(b, i64(0), panels, i64(1), "p", lambda p: for_range(
+            b, i64(0), all_runs, per_chunk, "chunk", lambda lo: chunk(p, lo), ("llvm.loop.unroll.disable",)))
+    else:
+        for_range(b, i64(0), panels, i64(1), "p", lambda p: rows_of(p, (i64(0), all_runs)))
     b.ret_void()
 
 

@@ -9,6 +9,12 @@ so it folds into that op's weight and bias:
 The new weight and bias are computed in float64 at compile time and stored as new module constants
 (`conv1.weight.bn_folded`, `conv1.bias.bn_folded`); the batch norm disappears. The old weights stay
 in `module.constants` until `dce` removes the unreferenced ones.
+
+A float32 batch norm with constant statistics that no such op feeds (DenseNet's, after a
+concatenation; a pre-activation block's) becomes that affine map itself, `x * s + t` with `s` and
+`t` (`norm1.bn_scale`, `norm1.bn_shift`, shaped to broadcast along dim 1) computed the same way:
+eager's CPU inference computes it so too, and an elementwise multiply and add fuse, and carry a
+layout, where a batch norm reads its channels at dim 1.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import torch
 
 from ..ir.core import Module, Operation, Value
 from ..ir.ops.layout import RESHAPES
-from ..ir.types import TensorType, dims_equal
+from ..ir.types import DType, TensorType, dims_equal
 from .base import ModulePass
 from .fold_constants import add_constant
 from .registry import register_pass
@@ -41,18 +47,21 @@ class FoldBatchNormPass(ModulePass):
 
     def run(self, module: Module) -> dict:
         skipped: Counter = Counter()
-        folded = 0
+        folded = affine = 0
         for fn in module.functions.values():
             rw = Rewriter(module, fn)
             for bn in [op for op in fn.ops if op.name == "cuvil.batch_norm"]:
                 reason = _refusal(module, bn)
-                if reason is None:
-                    with torch.no_grad():   # weights may require grad; folding records no autograd graph
+                with torch.no_grad():   # weights may require grad; folding records no autograd graph
+                    if reason is None:
                         _fold(rw, bn)
-                    folded += 1
-                else:
-                    skipped[reason] += 1
-        return {"folded": folded, "skipped": dict(sorted(skipped.items()))}
+                        folded += 1
+                    elif _constant_statistics(module, bn) and bn.result.type.dtype == DType.f32:
+                        _to_affine(rw, bn)
+                        affine += 1
+                    else:
+                        skipped[reason] += 1
+        return {"folded": folded, "affine": affine, "skipped": dict(sorted(skipped.items()))}
 
 
 def _producer(bn: Operation) -> tuple[Operation | None, Operation | None]:
@@ -79,7 +88,10 @@ def _refusal(module: Module, bn: Operation) -> str | None:
         return "linear-not-rank-2"      # batch norm's channels (dim 1) are not the linear's features
     if len(p.result.uses) != 1:
         return "producer-multi-use"
-    params = [*bn.operands[1:], *p.operands[1:]]
+    return _constants_refusal(module, [*bn.operands[1:], *p.operands[1:]])
+
+
+def _constants_refusal(module: Module, params: list[Value]) -> str | None:
     if any(producer(v) is None or producer(v).name != "cuvil.const" for v in params):
         return "not-constant"
     if any(producer(v).attrs["name"] not in module.constants for v in params):
@@ -87,16 +99,17 @@ def _refusal(module: Module, bn: Operation) -> str | None:
     return None
 
 
+def _constant_statistics(module: Module, bn: Operation) -> bool:
+    return _constants_refusal(module, bn.operands[1:]) is None
+
+
 def _data(rw: Rewriter, v: Value | None) -> torch.Tensor | None:
     return None if v is None else rw.module.constants[producer(v).attrs["name"]]
 
 
-def _fold(rw: Rewriter, bn: Operation) -> None:
-    p, view = _producer(bn)
-    x, w_value, *b_value = p.operands
+def _affine(rw: Rewriter, bn: Operation, b: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch norm as x * scale + shift per channel, in float64 (`b`: a bias added before it)."""
     mean, var, gamma, beta = (_data(rw, v) for v in (*bn.operands[1:], None, None)[:4])   # weight?, bias?
-    w, b = _data(rw, w_value), _data(rw, b_value[0] if b_value else None)
-
     f64 = torch.float64
     scale = torch.rsqrt(var.to(f64) + bn.attrs["eps"])
     if gamma is not None:
@@ -106,6 +119,27 @@ def _fold(rw: Rewriter, bn: Operation) -> None:
         shift = shift + b.to(f64) * scale
     if beta is not None:
         shift = shift + beta.to(f64)
+    return scale, shift
+
+
+def _to_affine(rw: Rewriter, bn: Operation) -> None:
+    x = bn.operands[0]
+    stem = producer(bn.operands[1]).attrs["name"].removesuffix(".running_mean")
+    per_channel = [x.type.shape[1]] + [1] * (x.type.rank - 2)
+    values = []
+    for suffix, data in zip(("bn_scale", "bn_shift"), _affine(rw, bn)):
+        name = add_constant(rw.module, f"{stem}.{suffix}", data.to(torch.float32).reshape(per_channel))
+        values.append(rw.create(bn, "cuvil.const", attrs={"name": name},
+                                result_types=[TensorType(x.type.dtype, tuple(per_channel))]).result)
+    scaled = rw.create(bn, "cuvil.mul", [x, values[0]]).result
+    rw.replace(bn, rw.create(bn, "cuvil.add", [scaled, values[1]]).results)
+
+
+def _fold(rw: Rewriter, bn: Operation) -> None:
+    p, view = _producer(bn)
+    x, w_value, *b_value = p.operands
+    w, b = _data(rw, w_value), _data(rw, b_value[0] if b_value else None)
+    scale, shift = _affine(rw, bn, b)
     new_w = _scaled_rows(w, scale)
 
     w_name = producer(w_value).attrs["name"]

@@ -17,7 +17,8 @@ stride. The pass works in these steps:
 2. sink: a conversion to NCHW moves below the elementwise ops that read it, when their other
    operands are conversions too, already converted (a residual input that also feeds a converted
    conv), constants or broadcasts of lower rank (these are reshaped and permuted instead, which is
-   folded work for a constant and a cheap view otherwise), and below a pad or a slice;
+   folded work for a constant and a cheap view otherwise), and below a pad, a slice or a cat of
+   conversions;
 3. cancel: `permute(permute(x, p), q)` with `p` then `q` the identity is `x` (canonicalize's
    patterns). What is left are the conversions at the function's edges and before ops that need
    NCHW, such as a flatten; the statistics count them;
@@ -123,6 +124,7 @@ class LayoutPass(ModulePass):
                       for op in list(fn.ops) if self.pack_linear and op.name == "cuvil.linear")
         fired = apply_patterns(module, {ANY_OP: [sink_conversion], "cuvil.pad": [sink_conversion_through_pad],
                                         "cuvil.slice": [sink_conversion_through_slice],
+                                        "cuvil.cat": [sink_conversion_through_cat],
                                         "cuvil.permute": [permute_permute, permute_identity,
                                                           hoist_conversion_above_pad]})
         fired += apply_patterns(module, {"cuvil.permute": [hoist_conversion, permute_permute, permute_identity]})
@@ -133,7 +135,7 @@ class LayoutPass(ModulePass):
                 "regions-converted": regions["converted"], "regions-kept": regions["kept"], "regions": decisions,
                 "channels-last-views": views, "lifted-through-views": lifted, "conversions-inserted": inserted,
                 "sunk": fired["sink_conversion"] + fired["sink_conversion_through_pad"] +
-                fired["sink_conversion_through_slice"],
+                fired["sink_conversion_through_slice"] + fired["sink_conversion_through_cat"],
                 "hoisted": fired["hoist_conversion"] + fired["hoist_conversion_above_pad"],
                 "cancelled": fired["permute_identity"], "conversions-left": _conversions(module) - before}
 
@@ -277,9 +279,9 @@ def _convertible(op: Operation) -> bool:
 
 
 def _carries_layout(op: Operation) -> bool:
-    """An op a conversion sinks through: elementwise over rank-4 tensors, a pad or a slice."""
+    """An op a conversion sinks through: elementwise over rank-4 tensors, a pad, a slice or a cat."""
     return len(op.results) == 1 and op.result.type.rank == 4 and (
-        op.has_tag("elementwise") or op.name in ("cuvil.pad", "cuvil.slice"))
+        op.has_tag("elementwise") or op.name in ("cuvil.pad", "cuvil.slice", "cuvil.cat"))
 
 
 def _regions(fn, image_ops: list[Operation]) -> list[list[Operation]]:
@@ -476,6 +478,19 @@ def sink_conversion_through_slice(op: Operation, rw: Rewriter) -> bool:
     attrs = {**op.attrs, "dim": TO_NHWC.index(op.attrs["dim"] % 4)}
     sliced = rw.create(op, "cuvil.slice", [producer(op.operands[0]).operands[0]], attrs).result
     rw.replace(op, rw.create(op, "cuvil.permute", [sliced], {"perm": list(TO_NCHW)}).results)
+    return True
+
+
+def sink_conversion_through_cat(op: Operation, rw: Rewriter) -> bool:
+    """cat(permute(y1, to NCHW), permute(y2, to NCHW), ...) -> permute(cat(y1, y2, ...), to NCHW),
+    along the pieces' own dim: DenseNet's concatenation of every earlier layer's features (and
+    Inception's branches) otherwise ran in NCHW between NHWC convolutions, each piece transposed
+    on its way in and the whole on its way out."""
+    if op.result.type.rank != 4 or not all(_is_conversion(v) for v in op.operands):
+        return False
+    attrs = {**op.attrs, "dim": TO_NHWC.index(op.attrs["dim"] % 4)}
+    joined = rw.create(op, "cuvil.cat", [producer(v).operands[0] for v in op.operands], attrs).result
+    rw.replace(op, rw.create(op, "cuvil.permute", [joined], {"perm": list(TO_NCHW)}).results)
     return True
 
 

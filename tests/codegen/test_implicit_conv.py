@@ -5,6 +5,7 @@ window needs, non-square kernels, 1x1 convolutions with and without stride, a sy
 symbolic image sizes, dilations (along either axis or both), thread splits, the stem's permuted
 NCHW input, the layout pass choosing it end to end, and seeded random convolutions compiled
 through O3."""
+import copy
 import re
 
 import pytest
@@ -231,3 +232,21 @@ def test_random_convolutions_through_o3_match_eager(cin, cout, groups, k, s, p, 
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     ops = [op for op in cuvil.parse(compiled.report.output_ir).main.ops if op.name == "cuvil.conv2d"]
     assert [op.attrs["out_channels"] for op in ops] == [cout]      # the weight went into panels
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_a_large_panel_is_walked_in_chunks_of_runs(monkeypatch, dilation):
+    """With CHUNK_BYTES down to one kernel row's part of a panel (3 x 64 channels x 32 columns),
+    the panel GEMM takes k in three chunks (`.chunked`), every block of rows (35 of them: blocks of
+    12, 4 and 1) resuming from the C of the chunk before, a partial panel (40 = 32 + 8 channels)
+    through the tile, bias and relu after the last chunk only. Against an fp64 convolution."""
+    from cuvil.codegen import panel_gemm
+    monkeypatch.setattr(panel_gemm, "CHUNK_BYTES", 3 * 64 * 32 * 4)
+    model = nn.Sequential(nn.Conv2d(64, 40, 3, padding=dilation, dilation=dilation), nn.ReLU()).eval()
+    x = torch.randn(2, 64, 7, 5, generator=torch.Generator().manual_seed(6))
+    compiled = cuvil.compile(model, cache=False)
+    with torch.no_grad():
+        got = compiled(x)
+        torch.testing.assert_close(got, copy.deepcopy(model).double()(x.double()).float(), rtol=1e-5, atol=1e-5)
+    assert any("cuvil.panel_gemm.32.chunked.bias.relu" in k["llvm_ir"] or "cuvil.panel_gemm.16.chunked.bias.relu"
+               in k["llvm_ir"] for k in compiled.report.kernels)

@@ -89,3 +89,52 @@ def test_permuted_input_is_read_inside_the_conv_kernel(compiled):
     x, w, bias = rand(2, 3, 20, 20), rand(16, 3, 3, 3, seed=1), rand(16, seed=2)
     out = run(graph, compiled, x, w.permute(*WEIGHT_TO_HWIO).contiguous(), bias, split=2)
     torch.testing.assert_close(nchw(out), F.relu(F.conv2d(x, w, bias, padding=1)), rtol=1e-4, atol=1e-4)
+
+
+class DenseBlock(torch.nn.Module):
+    """DenseNet's dense block: each layer reads every earlier layer's features, concatenated, through
+    a batch norm and a ReLU (pre-activation), then a 1x1 and a 3x3 convolution."""
+    def __init__(self, channels=16, growth=8, layers=5):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(
+            torch.nn.BatchNorm2d(channels + growth * i), torch.nn.ReLU(),
+            torch.nn.Conv2d(channels + growth * i, 2 * growth, 1), torch.nn.BatchNorm2d(2 * growth), torch.nn.ReLU(),
+            torch.nn.Conv2d(2 * growth, growth, 3, padding=1)) for i in range(layers))
+        self.norm = torch.nn.BatchNorm2d(channels + growth * layers)
+        for m in self.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+                m.weight.data.uniform_(0.5, 1.5)
+                m.bias.data.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        features = [self.stem(x)]
+        for layer in self.layers:
+            features.append(layer(torch.cat(features, 1)))
+        return torch.relu(self.norm(torch.cat(features, 1)))
+
+
+def test_a_dense_block_runs_channels_last_with_its_concatenations_split_per_piece():
+    """The concatenations join NHWC pieces along the channels (`sink_conversion_through_cat`), the
+    batch norms after them are per-channel affine maps (fold-batchnorm), and each kernel that
+    reads a concatenation loops over its pieces one by one (`_inner_loop`): no select among
+    them, no transposed tiles (the per-channel constants' permutes move no element)."""
+    import cuvil
+    model = DenseBlock().eval()
+    x = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(5))
+    compiled = cuvil.compile(model, cache=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    layout = next(p["statistics"] for p in compiled.report.passes if p["name"] == "layout")
+    assert layout["conversions-left"] == 2      # the model's input and output
+    folds = next(p["statistics"] for p in compiled.report.passes if p["name"] == "fold-batchnorm")
+    assert folds["folded"] == 5 and folds["affine"] == 6
+    # (the last one also converts the output to NCHW: its tiles of channels still select)
+    cat_kernels = [k["kernel_ir"] for k in compiled.report.kernels if k["kernel_ir"].count("in f32[2, 12, 12, ") >= 2
+                   and "%y0: out f32[2, 12, 12, " in k["kernel_ir"] and "conv2d" not in k["name"]]
+    assert len(cat_kernels) == 4
+    for kernel in cat_kernels:
+        assert "select(and(ge(index(" not in kernel and "for tb in" not in kernel
+        assert kernel.count("for i3 in 0..") == kernel.count("in f32[2, 12, 12, ")    # a loop per piece

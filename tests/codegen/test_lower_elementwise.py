@@ -341,3 +341,23 @@ def test_gathers_read_indices_from_memory():
                 [ids, i2, i3, torch.tensor([-6, 0, 0, 0])]):
         with pytest.raises(CuvilIndexError, match="index check 0 failed"):     # torch raises on each
             run(g, compiled, w, bad[0], x, *bad[1:])
+
+
+def test_a_cat_along_the_last_dim_is_a_loop_per_piece():
+    """Each piece of a cat along the output's last dim gets a loop of its own, reading it alone
+    (`_inner_loop`; a select among them per element made a concatenation of k pieces cost k times
+    over). A piece of a run-time size shifts the pieces after it; a cat along another dim keeps
+    its select."""
+    def build(b, x, y, z):
+        joined = b("cuvil.cat", b("cuvil.neg", x), y, z, dim=1)
+        return [b("cuvil.relu", joined), b("cuvil.cat", x, x, dim=0)]
+    g = Graph("cat_last", build, [T("s0", 5), T("s0", "s1"), T("s0", 1)])
+    kernel = next(print_kernel(k) for k in g.kernels if "relu" in k.name or "neg" in k.name)
+    assert kernel.count("for i1 in 0..") == 3 and "select(and(ge" not in kernel, kernel
+    assert "for i1 in 0..s1 {" in kernel and "i1 + s1 + 5]" in kernel, kernel
+    compiled = compile_graphs([g])
+    for s1 in (1, 300):
+        x, y, z = rand(3, 5), rand(3, s1, seed=1), rand(3, 1, seed=2)
+        relu, stacked = run(g, compiled, x, y, z)
+        torch.testing.assert_close(relu, torch.relu(torch.cat([-x, y, z], 1)), rtol=0, atol=0)
+        torch.testing.assert_close(stacked, torch.cat([x, x], 0), rtol=0, atol=0)

@@ -52,7 +52,7 @@ def test_every_batch_norm_is_folded_into_its_conv(folded):
     # in these models every conv has a bias or a batch norm after it (never both), so after folding
     # each conv and linear reads exactly two constants: its weight and its bias
     assert len(norms) + sum(m.bias is not None for m in convs) == len(convs)
-    assert statistics(compilation, "fold-batchnorm") == {"folded": len(norms), "skipped": {}}
+    assert statistics(compilation, "fold-batchnorm") == {"folded": len(norms), "affine": 0, "skipped": {}}
     names = op_names(module)
     assert "cuvil.batch_norm" not in names
     assert names.count("cuvil.const") == 2 * len(convs) == len(module.constants)
@@ -101,7 +101,7 @@ def test_folded_conv_matches_an_fp64_batch_norm(with_bias, affine, groups):
     y = F.conv2d(x.double(), c["conv.weight"], c.get("conv.bias"), padding=1, groups=groups)
     ref = F.batch_norm(y, c["bn.mean"], c["bn.var"], c.get("bn.weight"), c.get("bn.bias"), training=False, eps=1e-3)
     records = PassManager("fold-batchnorm", instruments=[VerifyEach()], assume={"verified"}).run(module)
-    assert records[0].statistics == {"folded": 1, "skipped": {}}
+    assert records[0].statistics == {"folded": 1, "affine": 0, "skipped": {}}
     assert [n.removeprefix("cuvil.") for n in op_names(module)] == ["const", "const", "conv2d", "return"]
     torch.testing.assert_close(interpret(module, x)[0].double(), ref, rtol=1e-5, atol=1e-5)
 
