@@ -25,7 +25,7 @@ import torch
 from .codegen.jit import DISK_CACHE, CompiledKernels, compile_kernels
 from .codegen.target import Target
 from .codegen.grouping import Grouping, grouping_for, kernel_ops
-from .codegen.lower import LoweredKernel, kernel_name, lower_group
+from .codegen.lower import LoweredKernel, kernel_name, lower_group, op_positions
 from .errors import CuvilError
 from .ir.core import Builder, Function, Module
 from .ir.printer import print_module, value_names
@@ -199,7 +199,8 @@ def compile_native(module: Module, grouping: Grouping | None = None, cache=DISK_
     materialize_outputs(fn)
     groups = (grouping or grouping_for(True))(fn)
     widest = (target or Target.host()).panel_width
-    lowered = [lower_group(fn, g, kernel_name(fn, i, g), widest) for i, g in enumerate(groups)]
+    order = op_positions(fn)
+    lowered = [lower_group(fn, g, kernel_name(fn, i, g), widest, order) for i, g in enumerate(groups)]
     timings["lowering"] = time.perf_counter() - t
     kernels = compile_kernels([lk.kernel for lk in lowered], target=target, cache=cache, timings=timings)
     timings.update(kernels.timings)
