@@ -9,6 +9,7 @@ import contextlib
 import contextvars
 import enum
 import functools
+import math
 import re
 from dataclasses import dataclass
 from typing import Union
@@ -334,6 +335,8 @@ class TensorType:
         return all(isinstance(d, int) for d in self.shape)
 
     def numel(self) -> Dim:
+        if all(isinstance(d, int) for d in self.shape):
+            return math.prod(self.shape)
         n = sympy.Integer(1)
         for d in self.shape:
             n = n * d
