@@ -1793,6 +1793,8 @@ ATEN_TABLE = {
     # tensor factories
     aten.full.default: like_full(1),
     aten.full_like.default: like_full(1),
+    aten.fill.Scalar: like_full(1),
+    aten.fill.Tensor: copy,
     aten.new_full.default: like_full(2),
     aten.zeros.default: like_full(fill=0),
     aten.zeros_like.default: like_full(fill=0),

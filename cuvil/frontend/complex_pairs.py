@@ -20,10 +20,10 @@ import torch
 from torch.fx import Graph, Node
 
 from ..errors import CuvilUnsupportedOpError
+from .fx_edit import LOCATION_META
 from .locations import node_frame
 
 aten = torch.ops.aten
-_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr")
 Part = Node | Number        # one half of a complex operand: a real tensor, or a number
 
 
@@ -108,7 +108,7 @@ class _Rewrite:
         vals = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
         with self.graph.inserting_before(self.node):
             new = self.graph.call_function(target, args)
-        new.meta.update({k: self.node.meta[k] for k in _META if k in self.node.meta})
+        new.meta.update({k: self.node.meta[k] for k in LOCATION_META if k in self.node.meta})
         new.meta["val"] = target(*vals)
         return new
 
@@ -283,7 +283,7 @@ def _cast(r: _Rewrite, x: Node, dtype: torch.dtype) -> Node:
         return x
     with r.graph.inserting_before(r.node):
         new = r.graph.call_function(aten._to_copy.default, (x,), {"dtype": dtype})
-    new.meta.update({k: r.node.meta[k] for k in _META if k in r.node.meta})
+    new.meta.update({k: r.node.meta[k] for k in LOCATION_META if k in r.node.meta})
     new.meta["val"] = x.meta["val"].to(dtype)
     return new
 

@@ -35,6 +35,7 @@ from .hf_caches import (PAST, cache_dynamic_shapes, cache_inputs, cache_length, 
                         windows_as_captured)
 from .complex_pairs import complex_as_pairs
 from .inplace import functionalize_local_inplace
+from .local_decompositions import decompose_locally
 from .masked_updates import rewrite_masked_updates
 from .random_draws import rewrite_random_ops
 from .locations import exception_frame, record_user_frames, user_stack_traces
@@ -260,6 +261,8 @@ def _export_once(module, args, kwargs, named: list[str], hints: Hints, ranges, s
                 check_size_conditions(ep, _dim_names(ep, {**hints, **_cache_hints(ep, caches)}), sizes)
             if functionalize_local_inplace(ep.graph):
                 ep.graph_module.recompile()
+            if needs_decomposition(ep) and decompose_locally(ep.graph, decomposition_table(), _has_no_row):
+                ep.graph_module.recompile()
             if needs_decomposition(ep):
                 ep = ep.run_decompositions(decomposition_table())
             complex_as_pairs(ep)
@@ -399,11 +402,18 @@ def needs_decomposition(ep: torch.export.ExportedProgram) -> bool:
         if node.op != "call_function":
             continue
         target = node.target
-        if target not in ATEN_TABLE or (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable):
+        if _has_no_row(node) or (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable):
             return True
         if target in _INFERENCE_ONLY and not _INFERENCE_ONLY[target](node):
             return True
     return False
+
+
+def _has_no_row(node) -> bool:
+    """A call of an op without mutation that the importer has no row for (a decomposition's to
+    rewrite)."""
+    target = node.target
+    return target not in ATEN_TABLE and not (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable)
 
 
 def _rank(node) -> int:

@@ -21,6 +21,7 @@ import torch.fx
 
 from ..errors import CuvilUnsupportedOpError
 from ..ir import DType
+from .fx_edit import new_call
 from .locations import node_frame
 
 aten = torch.ops.aten
@@ -63,11 +64,11 @@ def _rewrite(graph: torch.fx.Graph, put: torch.fx.Node) -> bool:
     with graph.inserting_before(put):
         whole = _rebuild(graph, values, replaced)
         if accumulate:
-            whole = _node(graph, aten.add.Tensor, (target, whole), {}, put)
+            whole = new_call(graph, aten.add.Tensor, (target, whole), {}, put)
         where_mask = mask                        # broadcast from the right: the mask's dims, then rest
         for _ in range(rest):
-            where_mask = _node(graph, aten.unsqueeze.default, (where_mask, -1), {}, put)
-        result = _node(graph, aten.where.self, (where_mask, whole, target), {}, put)
+            where_mask = new_call(graph, aten.unsqueeze.default, (where_mask, -1), {}, put)
+        result = new_call(graph, aten.where.self, (where_mask, whole, target), {}, put)
     put.replace_all_uses_with(result)
     graph.erase_node(put)
     _erase_dead(graph, selections, set(replaced))
@@ -177,19 +178,8 @@ def _rebuild(graph: torch.fx.Graph, node, replaced: dict):
     if node.target in _ALONG_A_DIM:
         args = (args[0], -1, *args[2:])      # the selection's last dim, whatever the whole's rank
     kwargs = {k: _rebuild(graph, v, replaced) for k, v in node.kwargs.items()}
-    replaced[node] = _node(graph, node.target, args, kwargs, node)
+    replaced[node] = new_call(graph, node.target, args, kwargs, node)
     return replaced[node]
-
-
-def _node(graph: torch.fx.Graph, target, args: tuple, kwargs: dict, like: torch.fx.Node) -> torch.fx.Node:
-    """A new node with `like`'s source location, its value worked out on fake tensors."""
-    node = graph.call_function(target, args, kwargs)
-    node.meta.update({k: v for k, v in like.meta.items() if k != "val"})
-    fake = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-    mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves(fake))
-    with mode:
-        node.meta["val"] = target(*fake[0], **fake[1])
-    return node
 
 
 def _erase_dead(graph: torch.fx.Graph, selections: list[torch.fx.Node], rebuilt: set) -> None:

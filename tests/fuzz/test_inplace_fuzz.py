@@ -1,6 +1,6 @@
 """Fuzzing the import of in-place ops (frontend/inplace.py): generated functions that make tensors,
-take views of them, change them in place (`add_`, `relu_`, `copy_`, `+=`, `masked_fill_`, ...) and
-read them before and after. The oracle is eager PyTorch on the same inputs: every output equal in
+take views of them, change them in place (`add_`, `relu_`, `copy_`, `+=`, `masked_fill_`, writes
+through slices and selections, ...) and read them before and after. The oracle is eager PyTorch on the same inputs: every output equal in
 dtype, shape and value (the rewrite must never read a tensor as it was before a change someone
 could see), or a CuvilError (Cuvil refuses changes to the function's own inputs)."""
 from __future__ import annotations
@@ -18,7 +18,9 @@ FRESH = ["x @ w", "x * 2", "x.clone()", "torch.relu(x)", "x + y", "(x @ w).half(
 VIEWS = ["{v}[0]", "{v}.view(-1)", "{v}.t()", "{v}[:, 1:]", "{v}.reshape(3, 3)", "{v}.unsqueeze(0)",
          "{v}.transpose(0, 1)"]
 INPLACE = ["{v}.add_(y)", "{v}.mul_(2)", "{v}.relu_()", "{v}.sub_(1.5)", "{v}.clamp_(-1, 1)", "{v}.copy_(y)",
-           "{v}.add_(1)", "{v}.div_(3)", "{v}.sigmoid_()", "{v} += x", "{v}.masked_fill_(x > 0, 0.25)"]
+           "{v}.add_(1)", "{v}.div_(3)", "{v}.sigmoid_()", "{v} += x", "{v}.masked_fill_(x > 0, 0.25)",
+           # writes through slices and selections (frontend/inplace.py's put-back views)
+           "{v}[0] += y[0]", "{v}[:, 1:] = x[:, :2]", "{v}[1:].mul_(2)", "{v}[0, 1:] = 0.5", "{v}[:2, 1] *= w[0, 0]"]
 READS = ["{v}.sum()", "{v} * 1", "{v}.exp()", "({v} @ w)"]
 
 

@@ -255,6 +255,7 @@ OPINFOS: dict[str, list[str]] = {
     # tensor factories
     "aten.full.default": ["full"],
     "aten.full_like.default": ["full_like"],
+    "aten.fill.Scalar": ["fill"],
     "aten.new_full.default": ["new_full"],
     "aten.zeros.default": ["zeros"],
     "aten.zeros_like.default": ["zeros_like"],

@@ -3,6 +3,7 @@ their functional forms without `run_decompositions` (frontend/inplace.py), and t
 mutation is observable, which still go through it. Every case is compared with eager."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import cuvil
@@ -71,7 +72,15 @@ def _promoting(x, w):
     return h
 
 
-@pytest.mark.parametrize("fn", [_view_read_after, _view_kept_and_returned, _into_a_slice, _promoting])
+def _slice_read_after_a_write_through_another(x, w):
+    h = x @ w
+    row = h[0]              # a view taken before the write, which shows through it
+    h[0:2] = 1.0
+    return row + x[0]
+
+
+@pytest.mark.parametrize("fn", [_view_read_after, _view_kept_and_returned, _into_a_slice, _promoting,
+                                _slice_read_after_a_write_through_another])
 def test_observable_mutations_keep_torchs_meaning(fn):
     x, w = torch.randn(3, 3), torch.randn(3, 3)
     fast = cuvil.compile(fn, cache=False)
@@ -81,11 +90,69 @@ def test_observable_mutations_keep_torchs_meaning(fn):
         torch.testing.assert_close(g, e)
 
 
-@pytest.mark.parametrize("fn", [_view_read_after, _view_kept_and_returned, _into_a_slice, _promoting])
+@pytest.mark.parametrize("fn", [_view_read_after, _view_kept_and_returned, _promoting,
+                                _slice_read_after_a_write_through_another])
 def test_observable_mutations_are_not_rewritten(fn):
     program = torch.export.export(as_module(fn), (torch.randn(3, 3), torch.randn(3, 3)))
     assert functionalize_local_inplace(program.graph) == 0
     assert needs_decomposition(program)
+
+
+def _shifted_window_mask(x, y):
+    """Swin's attention mask: regions of a fresh tensor filled through two slices each; a row
+    written through a selection, a block through a slice from a tensor of another dtype, and an
+    in-place add through a slice."""
+    mask = x.new_zeros(6, 7)
+    count = 0
+    for rows in (slice(0, -3), slice(-3, -1), slice(-1, None)):
+        for cols in (slice(0, -4), slice(-4, None)):
+            mask[rows, cols] = count
+            count += 1
+    codes = torch.zeros(6, 7, dtype=torch.int64)
+    codes[2] = 7
+    codes[:, 1:3] = y[:, :2] * 10       # float into int64: truncated, as copy_ does
+    codes[4:].add_(3)
+    return x + mask, codes
+
+
+def _relative_positions(x, y):
+    """BEiT's relative position index: `+=` and `*=` through a selection of a contiguous copy
+    (Python's augmented assignment: the change in place, then a copy onto the same view), and
+    Funnel's `*=` on a slice of a reshaped product that only the result is read through."""
+    coords = torch.stack([torch.arange(12) // 4, torch.arange(12) % 4])
+    relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+    relative[:, :, 0] += 2
+    relative[:, :, 1] += 3
+    relative[:, :, 0] *= 7
+    scores = (x @ y.t()).reshape(3, 2, 6)[:, :, 1:]
+    scores *= 0.5
+    return relative.sum(-1), scores + 1
+
+
+def _added_into_a_slice(x, y):
+    return _into_a_slice(x, y.t())
+
+
+def _eval_dropout_on_a_view(x, y):
+    pooled = (x * 2).flatten(0)         # a view of the product, as EfficientNet's flatten of its pool
+    return F.dropout(pooled, p=0.3, training=False, inplace=True) + 1, y
+
+
+@pytest.mark.parametrize("fn, writes", [(_shifted_window_mask, 9), (_relative_positions, 7),
+                                        (_eval_dropout_on_a_view, 1), (_added_into_a_slice, 2)])
+def test_writes_through_views_of_fresh_tensors_import_without_decomposition(fn, writes, monkeypatch):
+    x, y = torch.randn(6, 7), torch.randn(6, 7) * 3
+    with torch.no_grad():
+        program = torch.export.export(as_module(fn), (x, y))
+    assert functionalize_local_inplace(program.graph) == writes
+    assert not needs_decomposition(program)
+
+    def refuse(*_, **__):
+        raise AssertionError("run_decompositions was called")
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", refuse)
+    for got, want in zip(cuvil.compile(fn, cache=False)(x, y), fn(x, y)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_the_rewrite_counts_each_unobservable_op():
