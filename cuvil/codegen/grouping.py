@@ -16,7 +16,7 @@ from typing import Callable
 
 from ..errors import CuvilError
 from ..ir.core import Function, Operation
-from .lower import REMATERIALIZED, SKIP_OPS, fusible_operands, group_legality, needs_memory, op_kind, stored
+from .lower import REMATERIALIZED, SKIP_OPS, fusible_operands, group_legality, needs_memory, op_kind, recomputed, stored
 
 Grouping = Callable[[Function], "list[list[Operation]]"]
 GROUP_ATTR = "fuse.group"
@@ -31,7 +31,7 @@ def rematerialize(fn: Function, ops: list[Operation], order: dict[int, int] | No
     frontier = [v for op in ops for v in fusible_operands(op)]
     while frontier:
         p = frontier.pop().owner
-        if isinstance(p, Operation) and id(p) not in ids and op_kind(p) in REMATERIALIZED:
+        if isinstance(p, Operation) and id(p) not in ids and recomputed(p):
             ids.add(id(p))
             out.append(p)
             frontier.extend(fusible_operands(p))

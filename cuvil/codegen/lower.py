@@ -112,6 +112,15 @@ def _op_kind(name: str, op: Operation) -> str:
 
 
 REMATERIALIZED = frozenset({"inline", "view"})
+# set by the fuse pass on a view that its readers load from memory rather than recompute
+# (concatenations nested too deep: `fuse.MAX_NESTED_CATS`)
+KEPT_ATTR = "fuse.in_memory"
+
+
+def recomputed(op: Operation) -> bool:
+    """Whether the kernels that read op's result compute it themselves (a view or inline constant
+    not kept in memory)."""
+    return op_kind(op) in REMATERIALIZED and not op.attrs.get(KEPT_ATTR)
 
 
 def alias_base(v: Value) -> Value | None:
@@ -126,7 +135,7 @@ def alias_base(v: Value) -> Value | None:
         return None
     src = op.operands[0]
     owner = src.owner
-    if isinstance(owner, Function) or owner.name == "cuvil.const" or op_kind(owner) not in REMATERIALIZED:
+    if isinstance(owner, Function) or owner.name == "cuvil.const" or not recomputed(owner):
         return src
     return alias_base(src)
 
@@ -139,7 +148,9 @@ def stored(v: Value) -> Value:
 def needs_memory(op: Operation, live: set[int]) -> bool:
     """Some live user (`live`: ids, `grouping.live_ops`) reads op's result from memory: a return, or
     an operand outside `fusible_operands`; but for an alias view (`alias_base`), whose readers read
-    its operand's memory."""
+    its operand's memory. A view the fuse pass keeps in memory (`KEPT_ATTR`) always does."""
+    if op.attrs.get(KEPT_ATTR):
+        return True
     if op.results and alias_base(op.results[0]) is not None:
         return False
     return any(u.name == "cuvil.return" or (id(u) in live and not any(o is r for o in fusible_operands(u)))

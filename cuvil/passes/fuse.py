@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from ..codegen.grouping import (GROUP_ATTR, groups_from_attrs, groups_from_cores, kernel_ops, kernel_roots, live_ops,
                                 program_order, rematerialize)
-from ..codegen.lower import (INLINE_OPS, REMATERIALIZED, Refusal, alias_base, fusible_operands, group_legality,
-                             needs_memory, op_kind)
+from ..codegen.lower import (INLINE_OPS, KEPT_ATTR, REMATERIALIZED, Refusal, alias_base, fusible_operands,
+                             group_legality, needs_memory, op_kind, recomputed)
 from ..ir.core import Function, Module, Operation
 from ..ir.printer import value_names
 from .base import ModulePass
@@ -64,6 +64,10 @@ def fusion_groups(fn: Function, options: FusePass | None = None) -> list[list[Op
 # MAX_BROADCAST_OPS such ops, reading the value from memory costs less than computing it again.
 BROADCAST_TIMES = 4
 MAX_BROADCAST_OPS = 4
+# ShuffleNet's channel shuffles read each block's concatenation through the next block's split and
+# shuffle: recomputed 8 deep, the innermost piece's index composed every shuffle inside every
+# condition between (one kernel 75 kB of kernel IR, 0.45 s of LLVM IR building)
+MAX_NESTED_CATS = 2
 
 
 class Group:
@@ -94,8 +98,9 @@ class Fusion:
         self.fn, self.options = fn, options
         self.order = program_order(fn)
         self.names = value_names(fn)
-        core = kernel_roots(fn)
         self.live = live_ops(fn)        # uses by dead ops (a pipeline without dce keeps them) do not count
+        self._keep_nested_cats()
+        core = kernel_roots(fn)
         self.group_of: dict[int, Group] = {id(op): Group(op) for op in core}
         self.readers: dict[int, list[Operation]] = {}          # op -> ops that compute it in their kernel
         self.escape: dict[int, str | None] = {}                # op -> why its result must be in memory
@@ -141,11 +146,25 @@ class Fusion:
             else:
                 if (op_kind(u) not in REMATERIALIZED or needs_memory(u, self.live)) and u not in readers:
                     readers.append(u)
-                if op_kind(u) in REMATERIALIZED:
+                if recomputed(u):
                     stack.extend((r, w, u) for r in u.results for w in r.uses)
         self.readers[id(p)] = readers
         self.memory_readers[id(p)] = memory
         self.escape[id(p)] = escape
+
+    def _keep_nested_cats(self) -> None:
+        """Mark (`KEPT_ATTR`) each concatenation that kernels would otherwise compute through more
+        than MAX_NESTED_CATS - 1 others read through views: it is computed once, into memory."""
+        depth: dict[int, int] = {}
+        for op in self.fn.ops:
+            op.attrs.pop(KEPT_ATTR, None)
+            if op_kind(op) not in REMATERIALIZED or id(op) not in self.live:
+                continue
+            d = max((depth.get(id(v.owner), 0) for v in op.operands), default=0) + (op.name == "cuvil.cat")
+            if op.name == "cuvil.cat" and d > MAX_NESTED_CATS:
+                op.attrs[KEPT_ATTR] = True
+                d = 0
+            depth[id(op)] = d
 
     def _memory_read(self, p: Operation, reader: Operation) -> Refusal:
         kind = op_kind(reader)
@@ -166,6 +185,10 @@ class Fusion:
     def can_fuse(self, producer: Group, consumer: Group) -> Refusal | None:
         """None when `producer` may join `consumer`, else the rule that refuses it and why."""
         p = producer.root
+        if p.attrs.get(KEPT_ATTR):
+            return Refusal("nested-cats", f"{self.value(p)} is a concatenation read through {MAX_NESTED_CATS} others: "
+                                          f"computed inside its readers, each one's index would be computed inside "
+                                          f"the next's conditions (max-nested-cats {MAX_NESTED_CATS})")
         if self.escape[id(p)]:
             return Refusal("multi-use", self.escape[id(p)])
         outside = next((r for r in self.readers[id(p)] if self.group_of[id(r)] is not consumer), None)

@@ -138,3 +138,38 @@ def test_a_dense_block_runs_channels_last_with_its_concatenations_split_per_piec
     for kernel in cat_kernels:
         assert "select(and(ge(index(" not in kernel and "for tb in" not in kernel
         assert kernel.count("for i3 in 0..") == kernel.count("in f32[2, 12, 12, ")    # a loop per piece
+
+
+class ShuffleStage(torch.nn.Module):
+    """ShuffleNetV2's stride-1 units: half of the channels pass through, the other half go through
+    a 1x1, a depthwise 3x3 and a 1x1 convolution; the halves are concatenated and shuffled."""
+    def __init__(self, channels=16, units=6):
+        super().__init__()
+        half = channels // 2
+        self.branches = torch.nn.ModuleList(torch.nn.Sequential(
+            torch.nn.Conv2d(half, half, 1), torch.nn.ReLU(), torch.nn.Conv2d(half, half, 3, padding=1, groups=half),
+            torch.nn.Conv2d(half, half, 1), torch.nn.ReLU()) for _ in range(units))
+
+    def forward(self, x):
+        for branch in self.branches:
+            kept, changed = x.chunk(2, dim=1)
+            x = torch.cat([kept, branch(changed)], 1)
+            n, c, h, w = x.shape
+            x = x.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+        return x
+
+
+def test_concatenations_read_through_each_other_are_kept_in_memory_past_two():
+    """Each unit's concatenation is read through the next unit's split and shuffle. Recomputed in
+    one kernel, the innermost piece's index would compose every shuffle inside every condition
+    between; from the third on, one is computed into memory (`fuse.in_memory`) and loaded."""
+    import cuvil
+    model = ShuffleStage().eval()
+    x = torch.randn(1, 16, 10, 10, generator=torch.Generator().manual_seed(6))
+    compiled = cuvil.compile(model, cache=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    kept = {r["candidate"] for r in compiled.report.fusion["refused"] if r["rule"] == "nested-cats"}
+    assert len(kept) == 2           # units 3 and 6 (with the two before each recomputed in its kernel)
+    for kernel in compiled.report.kernels:
+        assert kernel["kernel_ir"].count("select(and(ge(index(") <= 4, kernel["name"]
