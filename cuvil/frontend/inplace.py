@@ -74,14 +74,20 @@ def _keeps_dtype(node: Node, functional) -> bool:
 def _seen_only_through_its_result(node: Node, functional, fresh: set[Node]) -> bool:
     """A change through views of a fresh tensor that nothing else reads (each view and the tensor
     used once, along the way): only the op's own result shows it (Funnel's `attn *= mask` on a
-    slice of a reshaped product)."""
+    slice of a reshaped product; Mamba's `offset = torch.tensor(0).to(...); offset += n`)."""
     view = node.args[0] if node.args else None
     steps = 0
     while isinstance(view, Node) and view not in fresh:
-        if not _is_view(view) or len(view.users) != 1:
+        if not _is_view(view) or _value_readers(view) != 1:
             return False
         view, steps = view.args[0], steps + 1
-    return steps > 0 and isinstance(view, Node) and len(view.users) == 1 and _keeps_dtype(node, functional)
+    return steps > 0 and isinstance(view, Node) and _value_readers(view) == 1 and _keeps_dtype(node, functional)
+
+
+def _value_readers(node: Node) -> int:
+    """How many users read `node`'s values: torch.export's checks of a tensor's dtype and device
+    (`_assert_tensor_metadata`, Mamba's `.to(...)` of its offset) do not."""
+    return sum(u.target is not aten._assert_tensor_metadata.default for u in node.users)
 
 
 def _copied_back(node: Node, functional, order: dict[Node, int]) -> bool:

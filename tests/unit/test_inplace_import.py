@@ -129,6 +129,14 @@ def _relative_positions(x, y):
     return relative.sum(-1), scores + 1
 
 
+def _offset_counted_up(x, y):
+    """Mamba's cache offset: a number made a tensor in the model, `.to(...)` (whose dtype and
+    device torch.export checks) and added to in place."""
+    offset = torch.tensor(0).to(device=x.device, dtype=torch.int64)
+    offset += x.shape[0]
+    return x * 2, offset
+
+
 def _added_into_a_slice(x, y):
     return _into_a_slice(x, y.t())
 
@@ -139,7 +147,8 @@ def _eval_dropout_on_a_view(x, y):
 
 
 @pytest.mark.parametrize("fn, writes", [(_shifted_window_mask, 9), (_relative_positions, 7),
-                                        (_eval_dropout_on_a_view, 1), (_added_into_a_slice, 2)])
+                                        (_eval_dropout_on_a_view, 1), (_added_into_a_slice, 2),
+                                        (_offset_counted_up, 2)])
 def test_writes_through_views_of_fresh_tensors_import_without_decomposition(fn, writes, monkeypatch):
     x, y = torch.randn(6, 7), torch.randn(6, 7) * 3
     with torch.no_grad():
