@@ -119,7 +119,11 @@ def run_order(fn: Function, groups: list[list[Operation]]) -> list[list[Operatio
     for g, ops in enumerate(groups):
         inside = {id(op) for op in ops}
         reads = [stored(v).owner for op in ops for v in op.operands]
-        deps.append({computed_by[id(o)] for o in reads if id(o) in computed_by and id(o) not in inside})
+        # a view the group recomputes for some readers but another reads from memory: its buffer
+        # is written by the kernel that stores it
+        from_memory = [stored(v).owner for op in ops for v in op.operands if not any(v is f for f in fusible_operands(op))]
+        deps.append({computed_by[id(o)] for o in reads if id(o) in computed_by and id(o) not in inside} |
+                    {computed_by[id(o)] for o in from_memory if id(o) in computed_by and computed_by[id(o)] != g})
     users: list[list[int]] = [[] for _ in groups]
     for g, ds in enumerate(deps):
         for d in ds:

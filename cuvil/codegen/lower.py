@@ -247,6 +247,10 @@ def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
     the group must have that shape too. A window op or a view of the product would read elements
     another iteration computes. Reductions: see `_reduction_legality`."""
     members = {id(op) for op in ops}
+    # views the group recomputes for their readers in it; one that an op also reads from memory is
+    # stored by a kernel of its own too (`needs_memory`), which that op reads
+    rematerialized = {id(f.owner) for op in ops for f in fusible_operands(op)
+                      if isinstance(f.owner, Operation) and id(f.owner) in members and recomputed(f.owner)}
     for op in ops:
         if op_kind(op) == "unsupported":
             return Refusal("lowering", f"{op.name} has no native lowering")
@@ -255,7 +259,7 @@ def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
             if any(v is f for f in fusible) or isinstance(v.owner, Function):
                 continue
             v = stored(v)
-            if isinstance(v.owner, Operation) and id(v.owner) in members:
+            if isinstance(v.owner, Operation) and id(v.owner) in members and id(v.owner) not in rematerialized:
                 what = "its table" if op_kind(op) == "gather" else "its operands"
                 return Refusal("memory-operand", f"{op.name} reads {what} from memory, but {v.owner.name} is "
                                                  f"computed in the group (it needs a kernel of its own)")
@@ -600,11 +604,12 @@ class GroupLowering:
     def _is_source(self, v: Value) -> bool:
         """Read from memory: arguments and values of ops outside the group, but inline constants
         that no op of the group reads from memory (a GEMM's operand): the others recompute them;
-        and an alias view (`alias_base`) that some op of the group reads from memory."""
+        and a view (an alias view, `alias_base`, or one stored by a kernel of its own) that the
+        group recomputes for some readers and some op of the group reads from memory."""
         if isinstance(v.owner, Function):
             return True
-        if id(v.owner) in self.members:     # an alias view the group also recomputes for other readers
-            return id(v) in self.read_from_memory and alias_base(v) is not None
+        if id(v.owner) in self.members:
+            return id(v) in self.read_from_memory and (alias_base(v) is not None or recomputed(v.owner))
         return v.owner.name not in INLINE_OPS or id(v) in self.read_from_memory
 
     def reads_row_major(self, v: Value) -> bool:

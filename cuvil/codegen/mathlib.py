@@ -48,6 +48,8 @@ PIO2 = (1.57079632673412561417e+00, 6.07710050630396597660e-11, 2.02226624871116
 
 
 def _suffix(ty: ir.Type) -> str:
+    if isinstance(ty, ir.VectorType):       # (a transposed tile's rows: `transpose_tile.py`)
+        return f"v{ty.count}{_suffix(ty.element)}"
     if isinstance(ty, ir.IntType):
         return f"i{ty.width}"
     return {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}[str(ty)]

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import cuvil
+
 from cuvil.codegen.lower import can_group, group_legality, lower_group
 from cuvil.errors import CuvilVerifyError
 from cuvil.ir import DType
@@ -99,3 +101,14 @@ def test_gemm_epilogue_of_another_shape_is_refused():
     assert "cuvil.permute reads the result of cuvil.linear" in str(group_legality(g.fn, list(g.fn.ops[:-1])))
     x, w = _rand(4, 4), _rand(4, 4, seed=1)
     torch.testing.assert_close(run(g, compile_graphs([g]), x, w), F.linear(x, w).t())
+
+
+def test_a_concatenation_read_from_memory_and_through_a_view_in_one_group():
+    # the batched product packs its right-hand side through the transpose, recomputing the cat,
+    # and reads its left-hand side, the cat itself, from memory: the cat gets a kernel of its own
+    # that the product's reads (a generated graph found the group refused as one kernel)
+    def f(y, z):
+        c = torch.cat([y, z * z], dim=2)
+        return c @ c.transpose(-1, -2)
+    y, z = _rand(3, 16, 16), _rand(3, 16, 16, seed=1)
+    torch.testing.assert_close(cuvil.compile(f, cache=False)(y, z), f(y, z))

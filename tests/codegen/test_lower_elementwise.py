@@ -287,6 +287,19 @@ def test_a_tile_that_computes_on_a_transposed_operand_is_vector_rows():
                                    rtol=0, atol=0)
 
 
+def test_a_transposed_tile_calls_intrinsics_on_vector_rows():
+    # maximum (NaN-propagating llvm.maximum) and abs (llvm.fabs) of a transposed operand: the
+    # tile's rows are vectors, and the intrinsics are declared for the vector type (llvm.maximum
+    # .v8f32); a generated graph found them declared for scalars only
+    g = Graph("tile_max", lambda b, x, y: b("cuvil.abs", b("cuvil.maximum", b("cuvil.permute", x, perm=[0, 2, 1]), y)),
+              [T("s0", 16, 24), T("s0", 24, 16)])
+    compiled = compile_graphs([g])
+    x, y = rand(2, 16, 24, seed=1), rand(2, 24, 16, seed=2)
+    x[0, 3, 5] = float("nan")
+    expected = torch.abs(torch.maximum(x.transpose(1, 2), y))
+    torch.testing.assert_close(run(g, compiled, x, y), expected, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("head_dim, runs", [(64, True), (3, False)])
 def test_a_merged_last_dim_is_looped_in_runs_of_its_last_part(head_dim, runs):
     # attention's heads back into rows: [b, h, s, d] -> [b, s, h, d] -> [b, s, h*d]; a loop per
