@@ -1,7 +1,8 @@
 """The `canonicalize` pass: constant folding, algebraic identities and view simplifications,
 applied as op-indexed patterns to a fixpoint. Every pattern keeps results bit-identical (floats
 included: `x + 0.0` stays, since it turns -0.0 into +0.0; `x * 0` folds only for integers, since
-NaN * 0 is NaN)."""
+NaN * 0 is NaN), but for a global pool's mean, whose sum is compensated (`reductions.py`) where the
+pool's was not: nearer the exact mean."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,7 @@ import torch
 from ..errors import CuvilPassError
 from ..ir.core import Module, Operation, Value
 from ..ir.ops.layout import RESHAPES
+from ..ir.ops.common import pair
 from ..ir.ops.nn import conv_padding, spatial_axes
 from ..ir.types import DType, TensorType
 from .base import ModulePass
@@ -28,7 +30,7 @@ class CanonicalizePass(ModulePass):
     Identities: x+(-0.0), x-0, x*1, x/1, x*0 (integers), neg(neg x), relu(relu x), cast of an exact
     cast. Views: a reshape (squeeze, unsqueeze) of one, permute of permute, and no-op
     reshape/squeeze/expand/permute/slice and casts to the same dtype. A zero pad of a convolution's image
-    becomes the convolution's padding."""
+    becomes the convolution's padding. A global (1x1) adaptive pool becomes a mean or amax."""
     name = "canonicalize"
     priority = 100
     requires = frozenset({"verified"})
@@ -264,6 +266,23 @@ def conv_of_padded(op: Operation, rw: Rewriter) -> bool:
     return True
 
 
+GLOBAL_POOL_REDUCTIONS = {"cuvil.adaptive_avg_pool2d": "cuvil.mean", "cuvil.adaptive_max_pool2d": "cuvil.amax"}
+
+
+def global_pool(op: Operation, rw: Rewriter) -> bool:
+    """adaptive_avg_pool2d / adaptive_max_pool2d to 1x1 -> mean / amax over H and W, kept. The
+    same sum over the same rows divided by the same count, but a reduction: in NHWC it runs along
+    the channels, one vector lane each, where the pool's window loop read one channel at a time,
+    a row of channels apart (a CNN's global pool of 16x64 outputs took 91 us, its mean 8)."""
+    if pair(op.attrs["output_size"], "output_size") != (1, 1):
+        return False
+    x = op.operands[0]
+    dims = list(spatial_axes(x.type.rank, op.attrs["layout"]))
+    reduced = rw.create(op, GLOBAL_POOL_REDUCTIONS[op.name], [x], {"dims": dims, "keepdim": True})
+    rw.replace(op, reduced.results)
+    return True
+
+
 def sdpa_mask_noop(op: Operation, rw: Rewriter) -> bool:
     """sdpa(q, k, v, mask) -> sdpa(q, k, v) where the mask changes no score: all true, or a float
     mask of zeros (adding a zero to a score changes at most its sign, and e^-0 = e^0). Hugging
@@ -294,4 +313,5 @@ PATTERNS = {
     "cuvil.pad": [pad_nothing],
     "cuvil.conv2d": [conv_of_padded],
     "cuvil.sdpa": [sdpa_mask_noop],
+    **{name: [global_pool] for name in GLOBAL_POOL_REDUCTIONS},
 }
