@@ -6,7 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cuvil.codegen.kernel_ir import Call, Let, Loop, operands
 from cuvil.codegen.kernel_text import print_kernel
+from cuvil.codegen.llvm_emit import _latency_bound
+from cuvil.codegen.panel_gemm import CHAIN_FMAS
 from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO
 
 from codegen_helpers import Graph, T, compile_graphs, run
@@ -118,3 +121,43 @@ def test_both_choices_match_eager(size):
     x, weight = rand(1, 8, size, size), rand(8, 1, 7, 7, seed=1)
     out = run(graph, compiled, x.permute(*TO_NHWC).contiguous(), weight.permute(*WEIGHT_TO_HWIO).contiguous())
     torch.testing.assert_close(out.permute(*TO_NCHW), F.conv2d(x, weight, None, 1, 3, 1, 8), rtol=1e-5, atol=1e-5)
+
+
+def _fma_chain(e) -> int:
+    """The longest run of fused multiply-adds each adding to the next (as `_window_sum` nests them)."""
+    if not isinstance(e, Call):
+        return max((_fma_chain(o) for o in operands(e)), default=0)
+    below = max((_fma_chain(o) for o in e.args), default=0)
+    if e.fn == "fma":
+        return 1 + (_fma_chain(e.args[2]) if isinstance(e.args[2], Call) and e.args[2].fn == "fma" else 0)
+    return below
+
+
+def _loops(stmts):
+    for s in stmts:
+        if isinstance(s, Loop):
+            yield s
+            yield from _loops(s.body)
+
+
+def test_a_long_window_row_is_summed_in_short_chains_and_its_loop_is_not_interleaved():
+    """A Conformer's 31-tap 1-d depthwise convolution with SiLU: each output's taps in fused
+    multiply-add chains of at most CHAIN_FMAS (one chain of 31 waited on each FMA's latency), so
+    the channel loop has independent chains enough and LLVM is not asked to interleave copies of
+    it (`_latency_bound`), as it is for a lone SiLU."""
+    graph = Graph("dw_conformer", lambda b, x, w, bi: b("cuvil.silu", b(
+        "cuvil.conv2d", x, w, bi, padding=[0, 15], groups=32, layout="nhwc")), [T(1, 1, "s0", 32), T(1, 31, 1, 32),
+                                                                               T(32)])
+    (kernel,) = graph.kernels
+    sums = [s.value for loop in _loops(kernel.body) for s in loop.body if isinstance(s, Let)]
+    assert sums and max(map(_fma_chain, sums)) == CHAIN_FMAS - 1     # a mul, then 7 fmas
+    channel_loops = [loop for loop in _loops(kernel.body) if loop.var.startswith("oc")]
+    assert channel_loops and not any(_latency_bound(loop.body) for loop in channel_loops)
+    silu = Graph("silu_alone", lambda b, x: b("cuvil.silu", x), [T(4, 64)])
+    assert any(_latency_bound(loop.body) for loop in _loops(silu.kernels[0].body))
+
+    x, weight, bias = rand(1, 32, 1, 70), rand(32, 1, 1, 31, seed=1), rand(32, seed=2)
+    out = run(graph, compile_graphs([graph]), x.permute(*TO_NHWC).contiguous(),
+              weight.permute(*WEIGHT_TO_HWIO).contiguous(), bias, split=2)
+    torch.testing.assert_close(out.permute(*TO_NCHW), F.silu(F.conv2d(x, weight, bias, 1, (0, 15), 1, 32)),
+                               rtol=1e-5, atol=1e-5)
