@@ -41,8 +41,8 @@ from .kernel_ir import (Buffer, Call, Cast, Check, Const, Expr, Gemm, Index, Ker
 from .collapse import collapsed_loops
 from .kernel_text import LineMap, print_kernel
 from .mathlib import F32, I1, I64, MathLib, intrinsic
-from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, chunks_k, emit_panel_gemm, for_range, loop_metadata,
-                         panel_gemm_name, panel_rows, row_blocks)
+from .panel_gemm import (ARGS as PANEL_GEMM_ARGS, PanelNeeds, chunks_k, emit_panel_gemm, for_range, loop_metadata,
+                         panel_gemm_name, panel_rows, row_blocks, streams)
 from .target import Target
 from .transpose_tile import (COLUMN, ROW, TILE, TRANSPOSE_ORDER, TRANSPOSE_STAGES, TransposedTile,
                              transposed_tile)
@@ -148,17 +148,17 @@ class ModuleBuilder:
                             ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32, PTR, I64]),
                             lambda fn, _: (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta))
 
-    def panel_gemm_function(self, width: int, bias: bool, relu: bool, m, chunked: bool = False) -> ir.Function:
+    def panel_gemm_function(self, width: int, bias: bool, relu: bool, m, k, chunked: bool = False) -> ir.Function:
         """C = A @ B (+ bias, relu) with B packed in panels of `width` columns, A read through a
-        window (`panel_gemm.py`), blocked for the target's vector registers; `m`: this call's rows
-        (an expression); `chunked`: k walked in chunks that keep a panel's part in L2."""
+        window (`panel_gemm.py`), blocked for the target's vector registers; `m`, `k`: this call's
+        rows and reduction (expressions); `chunked`: k walked in chunks that keep a panel's part in L2."""
         lanes = self.target.vector_floats
         rows = panel_rows(lanes, self.target.vector_registers, width)
         name = panel_gemm_name(width, bias, relu, chunked)
         if self.helpers is not None:
-            self.helpers.need(name, row_blocks(m, rows))
+            self.helpers.need(name, PanelNeeds(row_blocks(m, rows), streams(k, width)))
         return self._helper(name, ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS),
-                            lambda fn, blocks: emit_panel_gemm(fn, lanes, rows, width, bias, relu, blocks, chunked))
+                            lambda fn, needs: emit_panel_gemm(fn, lanes, rows, width, bias, relu, needs, chunked))
 
     def _helper(self, name: str, fnty: ir.FunctionType, define: Callable) -> ir.Function:
         """A GEMM loop nest kernels call: defined in this module (internal, for every call:
@@ -181,20 +181,20 @@ class SharedHelpers:
     module calls is defined in it (internal, so LLVM may inline it); one that several call is
     defined once, in a module of its own that they link against (LLVM would not inline a body that
     large into several callers either). A helper is defined with what all its calls need
-    (`need`): the panel GEMM only with the row blocks of its callers' m."""
+    (`need`): the panel GEMM only with the row blocks of its callers' m, and prefetching where one
+    of them streams its panels (`PanelNeeds`)."""
 
     def __init__(self, target: Target):
         self.target = target
         self.uses: dict[str, list[tuple[ir.Function, Callable]]] = {}
-        self.needs: dict[str, frozenset | None] = {}
+        self.needs: dict[str, PanelNeeds] = {}
 
     def declared(self, fn: ir.Function, define: Callable) -> None:
         self.uses.setdefault(fn.name, []).append((fn, define))
 
-    def need(self, name: str, what: frozenset | None) -> None:
-        """One call of helper `name` needs `what` (None: the whole helper)."""
-        had = self.needs.get(name, frozenset())
-        self.needs[name] = None if had is None or what is None else had | what
+    def need(self, name: str, what: PanelNeeds) -> None:
+        """One call of helper `name` needs `what`."""
+        self.needs[name] = self.needs[name] | what if name in self.needs else what
 
     def place(self) -> "ModuleBuilder | None":
         """Define every helper; returns the module of the shared ones (None when there are none)."""
@@ -632,7 +632,7 @@ class KernelEmitter:
                  ir.Constant(I64, 0)]
             bias = self._ref_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
             chunked = s.a_rows is not None and chunks_k(norm_dim(s.k), norm_dim(s.k_run), s.b_panels)
-            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m, chunked),
+            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m, norm_dim(s.k), chunked),
                    [self._ref_ptr(s.c), self._ref_ptr(s.a), self._ref_ptr(s.b), self.index(s.m),
                     self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window, bias])
             return

@@ -219,6 +219,22 @@ def test_row_blocks_of_a_constant_m(m, rows, blocks):
     assert row_blocks(sympy.Symbol("s0", positive=True, integer=True), 12) is None
 
 
+@pytest.mark.parametrize("k_small,k_large,prefetches", [(24, 48, False), (24, 2048, True)])
+def test_the_panel_gemm_prefetches_its_panels_where_a_call_streams_them(k_small, k_large, prefetches):
+    """A panel of 2048 x 32 floats (256 KB) is read from beyond L1 by every block of rows: the
+    routine prefetches it ahead (`PanelNeeds`), for both of its calls; panels that fit in L1 are
+    not prefetched. Either way the results are an fp64 reference's."""
+    model = nn.Sequential(nn.Linear(k_small, k_large), nn.ReLU(), nn.Linear(k_large, 40), nn.ReLU()).eval()
+    x = torch.randn(30, k_small)
+    kernels = parse_kernels("\n".join(k["kernel_ir"] for k in cuvil.explain(model, x).kernels))
+    (helper,) = [u for u in build_units(kernels, {k.name: k.name for k in kernels}, Target.host(), {})
+                 if 'define void @"cuvil.panel_gemm.32.bias.relu"' in u]
+    assert ("call void @\"llvm.prefetch.p0\"" in helper) == prefetches
+    with torch.no_grad():
+        torch.testing.assert_close(cuvil.compile(model)(x), copy.deepcopy(model).double()(x.double()).float(),
+                                   rtol=1e-5, atol=1e-5)
+
+
 class TwoLinears(nn.Module):
     def __init__(self):
         super().__init__()
