@@ -287,7 +287,8 @@ def image_program(seed: int) -> tuple[str, dict[str, tuple[int, ...]], tuple[int
     last = list(p.shapes)[-1]
     if rng.random() < 0.5:
         classes = p.weight((10, p.shapes[last][1]))
-        last = p.add(f"F.linear(F.adaptive_avg_pool2d({last}, 1).flatten(1), {classes})", (2, 10))
+        pool = rng.choice(["adaptive_avg_pool2d", "adaptive_max_pool2d"])    # global: a mean or amax
+        last = p.add(f"F.linear(F.{pool}({last}, 1).flatten(1), {classes})", (2, 10))
     params = ", ".join(["x", "y", *p.weights])
     body = "\n".join("    " + line for line in p.lines)
     return f"def f({params}):\n{body}\n    return {last}\n", p.weights, shape
