@@ -30,7 +30,8 @@ class CanonicalizePass(ModulePass):
     Identities: x+(-0.0), x-0, x*1, x/1, x*0 (integers), neg(neg x), relu(relu x), cast of an exact
     cast. Views: a reshape (squeeze, unsqueeze) of one, permute of permute, and no-op
     reshape/squeeze/expand/permute/slice and casts to the same dtype. A zero pad of a convolution's image
-    becomes the convolution's padding. A global (1x1) adaptive pool becomes a mean or amax."""
+    becomes the convolution's padding. A pool whose one window is the whole image becomes a mean or
+    amax."""
     name = "canonicalize"
     priority = 100
     requires = frozenset({"verified"})
@@ -266,18 +267,28 @@ def conv_of_padded(op: Operation, rw: Rewriter) -> bool:
     return True
 
 
-GLOBAL_POOL_REDUCTIONS = {"cuvil.adaptive_avg_pool2d": "cuvil.mean", "cuvil.adaptive_max_pool2d": "cuvil.amax"}
+GLOBAL_POOL_REDUCTIONS = {"cuvil.adaptive_avg_pool2d": "cuvil.mean", "cuvil.adaptive_max_pool2d": "cuvil.amax",
+                          "cuvil.avg_pool2d": "cuvil.mean", "cuvil.max_pool2d": "cuvil.amax"}
 
 
 def global_pool(op: Operation, rw: Rewriter) -> bool:
-    """adaptive_avg_pool2d / adaptive_max_pool2d to 1x1 -> mean / amax over H and W, kept. The
-    same sum over the same rows divided by the same count, but a reduction: in NHWC it runs along
-    the channels, one vector lane each, where the pool's window loop read one channel at a time,
-    a row of channels apart (a CNN's global pool of 16x64 outputs took 91 us, its mean 8)."""
-    if pair(op.attrs["output_size"], "output_size") != (1, 1):
-        return False
+    """A pool whose one window is the whole image -> mean / amax over H and W, kept:
+    adaptive_avg_pool2d / adaptive_max_pool2d to 1x1, and avg_pool2d / max_pool2d whose kernel is
+    the image's H x W, unpadded (and undilated, and divided by the window's size). The same sum over
+    the same rows divided by the same count, but a reduction: in NHWC it runs along the channels,
+    one vector lane each, where the pool's window loop read one channel at a time, a row of
+    channels apart (a CNN's global pool of 16x64 outputs took 91 us, its mean 8; avg_pool2d(7)
+    over 16x7x7x512, 572 us against 73)."""
     x = op.operands[0]
-    dims = list(spatial_axes(x.type.rank, op.attrs["layout"]))
+    axes = spatial_axes(x.type.rank, op.attrs["layout"])
+    if "output_size" in op.attrs:
+        if pair(op.attrs["output_size"], "output_size") != (1, 1):
+            return False
+    elif (pair(op.attrs["kernel"], "kernel") != tuple(x.type.shape[a] for a in axes)
+          or any(op.attrs["padding"]) or any(d != 1 for d in op.attrs.get("dilation", [1]))
+          or op.attrs.get("divisor") not in (None, math.prod(x.type.shape[a] for a in axes))):
+        return False
+    dims = list(axes)
     reduced = rw.create(op, GLOBAL_POOL_REDUCTIONS[op.name], [x], {"dims": dims, "keepdim": True})
     rw.replace(op, reduced.results)
     return True
