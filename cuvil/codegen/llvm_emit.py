@@ -644,7 +644,11 @@ class KernelEmitter:
             small = b.icmp_signed("<=", self.index(m), ir.Constant(I64, SMALL_GEMM_MAX_ROWS))
             with b.if_else(small) as (then, otherwise):
                 with then:
-                    self._small_gemm(s)
+                    # not inlined: LLVM would specialise the loops to the call's constant k and n
+                    # (attention's k = 16: the dot loop unrolled, the rows of A gathered) for a
+                    # branch that a few rows take at most. The block's attention kernel: 262 ->
+                    # 168 ms of LLVM, no slower at 4, 128, 130 or 136 tokens.
+                    self._small_gemm(s, inline=False)
                 with otherwise:
                     self._sgemm(s)
 
@@ -669,11 +673,11 @@ class KernelEmitter:
             ir.Constant(F32, s.alpha), self._ref_ptr(s.a), i32(s.lda), self._ref_ptr(s.b), i32(s.ldb),
             ir.Constant(F32, s.beta), self._ref_ptr(s.c), i32(s.ldc)])
 
-    def _small_gemm(self, s: Gemm) -> None:
+    def _small_gemm(self, s: Gemm, inline: bool = True) -> None:
         self.b.call(self.mb.small_gemm_function(s.trans_b, s.beta != 0.0), [
             self.index(s.m), self.index(s.n), self.index(s.k), ir.Constant(F32, s.alpha), self._ref_ptr(s.a),
             self.index(s.lda), self._ref_ptr(s.b), self.index(s.ldb), ir.Constant(F32, s.beta),
-            self._ref_ptr(s.c), self.index(s.ldc)])
+            self._ref_ptr(s.c), self.index(s.ldc)], attrs=() if inline else ("noinline",))
 
     # -- memory
     def address(self, buf: Buffer, index) -> ir.Value:

@@ -67,7 +67,7 @@ class LayoutPass(ModulePass):
     pays (`_region_pays`; `convert-all`: every image op); `pack-conv` and `pack-linear` block
     weights in GEMM panels of at most `panel-width` columns (0: the host's `Target.panel_width`;
     a cross compile sets its target's). Statistics: ops converted and kept (by op), weights packed
-    (of them in conv panels), linears packed, the panel width, regions converted and kept,
+    (of them in conv panels), linears packed, matmuls by a constant matrix packed (as linears), the panel width, regions converted and kept,
     conversions inserted, sunk, hoisted, cancelled and left."""
     name = "layout"
     priority = 85
@@ -120,8 +120,9 @@ class LayoutPass(ModulePass):
                 packed[_to_nhwc(rw, op, self.pack_conv, widest)] += 1
                 converted[op.name.removeprefix("cuvil.")] += 1
                 inserted += 2
-        linears = sum(_pack_linear(Rewriter(module, fn), op, widest) for fn in module.functions.values()
-                      for op in list(fn.ops) if self.pack_linear and op.name == "cuvil.linear")
+        products = Counter(op.name.removeprefix("cuvil.") for fn in module.functions.values() for op in list(fn.ops)
+                           if self.pack_linear and op.name in ("cuvil.linear", "cuvil.matmul")
+                           and _pack_product(Rewriter(module, fn), op, widest))
         fired = apply_patterns(module, {ANY_OP: [sink_conversion], "cuvil.pad": [sink_conversion_through_pad],
                                         "cuvil.slice": [sink_conversion_through_slice],
                                         "cuvil.cat": [sink_conversion_through_cat],
@@ -131,7 +132,7 @@ class LayoutPass(ModulePass):
         lifted += _lift_through_views(module) if targets else 0
         return {"converted": dict(sorted(converted.items())), "kept": dict(sorted(kept.items())),
                 "weights-packed": packed["hwio"] + packed["panels"], "conv-panels": packed["panels"],
-                "linears-packed": linears, "panel-width": widest,
+                "linears-packed": products["linear"], "matmuls-packed": products["matmul"], "panel-width": widest,
                 "regions-converted": regions["converted"], "regions-kept": regions["kept"], "regions": decisions,
                 "channels-last-views": views, "lifted-through-views": lifted, "conversions-inserted": inserted,
                 "sunk": fired["sink_conversion"] + fired["sink_conversion_through_pad"] +
@@ -367,20 +368,23 @@ def _estimate(size) -> float:
     return float(size.subs({s: 16 for s in size.free_symbols}))
 
 
-def _pack_linear(rw: Rewriter, op: Operation, widest: int) -> int:
-    """Pack a linear's constant fp32 weight in panels (`codegen/panel_gemm.py`): 1 if it did."""
+def _pack_product(rw: Rewriter, op: Operation, widest: int) -> int:
+    """Pack the constant fp32 matrix of a linear (its weight, [out, in]) or of a matmul (its right
+    side, [in, out]: `x @ W` with W stored so, or `x @ W.t()` after fold-constants) in panels
+    (`codegen/panel_gemm.py`), the product then a linear of the panels: 1 if it did."""
     weight = op.operands[1]
     p = producer(weight)
     data = rw.module.constants.get(p.attrs["name"]) if p is not None and p.name == "cuvil.const" else None
-    if data is None or op.attrs["out_features"] is not None or data.dtype != torch.float32 or data.dim() != 2:
+    if data is None or op.attrs.get("out_features") is not None or data.dtype != torch.float32 or data.dim() != 2:
         return 0
     if any(u is not op for u in weight.uses):   # tied (an embedding's table): packing would store it twice
         return 0
+    if op.name == "cuvil.matmul":
+        data = data.t()
     name = add_constant(rw.module, f"{p.attrs['name']}.panels", pack_panels(data, widest))
     packed = rw.create(op, "cuvil.const", attrs={"name": name},
                        result_types=[weight.type.with_shape(tuple(rw.module.constants[name].shape))]).result
-    new = rw.create(op, "cuvil.linear", [op.operands[0], packed, *op.operands[2:]],
-                    {**op.attrs, "out_features": data.shape[0]})
+    new = rw.create(op, "cuvil.linear", [op.operands[0], packed, *op.operands[2:]], {"out_features": data.shape[0]})
     rw.replace(op, new.results)
     return 1
 

@@ -161,3 +161,22 @@ def test_a_long_window_row_is_summed_in_short_chains_and_its_loop_is_not_interle
               weight.permute(*WEIGHT_TO_HWIO).contiguous(), bias, split=2)
     torch.testing.assert_close(out.permute(*TO_NCHW), F.silu(F.conv2d(x, weight, bias, 1, (0, 15), 1, 32)),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size, stride, dilation, rows", [(56, 1, 1, 14), (30, 1, 2, 24), (57, 2, 1, 15)])
+def test_a_copied_depthwise_input_is_copied_in_tall_tiles(size, stride, dilation, rows):
+    """An NCHW image into an NHWC 7x7 depthwise convolution (ConvNeXt's block) is copied per tile
+    of output rows, with the window's extra rows: tiles of at least twice those rows, an even
+    number of them (`_depthwise_tile_rows`), against eager at their edges."""
+    import cuvil
+    from cuvil.codegen.library import _depthwise_tile_rows
+    out_size = (size + 6 - 6 * dilation - 1) // stride + 1
+    assert _depthwise_tile_rows(out_size, out_size, 6 * dilation) == rows
+    conv = torch.nn.Conv2d(32, 32, 7, stride=stride, padding=3, dilation=dilation, groups=32).eval()
+    block = lambda x: conv(x).permute(0, 2, 3, 1)       # noqa: E731
+    compiled = cuvil.compile(block, cache=False)
+    x = rand(2, 32, size, size, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), block(x), rtol=1e-5, atol=1e-5)
+    (kernel,) = compiled.report.kernels
+    assert kernel["name"].endswith("permute_conv2d")      # the copy is the transpose

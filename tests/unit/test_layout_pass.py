@@ -116,7 +116,7 @@ def test_single_conv_function_is_converted_but_min_convs_can_keep_it():
     assert layout_statistics(report)["converted"] == {"conv2d": 1}
     report = cuvil.explain(conv, x, pipeline="verify,shape-infer,layout{min-convs=2 panel-width=32}", native=False)
     assert layout_statistics(report) == {"converted": {}, "kept": {"conv2d": 1}, "weights-packed": 0,
-                                         "conv-panels": 0, "linears-packed": 0, "panel-width": 32,
+                                         "conv-panels": 0, "linears-packed": 0, "matmuls-packed": 0, "panel-width": 32,
                                          "regions-converted": 0, "regions-kept": 0, "regions": [],
                                          "channels-last-views": 0, "lifted-through-views": 0, "conversions-inserted": 0,
                                          "sunk": 0, "hoisted": 0, "cancelled": 0, "conversions-left": 0}
