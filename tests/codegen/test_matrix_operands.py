@@ -69,3 +69,16 @@ def test_products_by_weights_run_on_packed_panels():
     # panels [ceil(out / P), in, P] (`pack_panels`): 40 outputs of 64 inputs, then 24 of 40
     irs = "\n".join(k["kernel_ir"] for k in compiled.report.kernels)
     assert "f32[2, 64, 32]" in irs or "f32[3, 64, 16]" in irs
+
+
+def test_a_vector_or_a_batch_times_a_weight_runs_on_its_panels():
+    """`x @ W` for x a vector ([in] -> [out]) or a batch of matrices ([2, 3, in]): a linear of W's
+    panels all the same, of eager's shape and values."""
+    W = torch.randn(64, 40, generator=torch.Generator().manual_seed(6))
+    for x in (torch.randn(64), torch.randn(2, 3, 64)):
+        compiled = cuvil.compile(lambda x: x @ W, cache=False)
+        out = compiled(x)
+        assert out.shape == (x @ W).shape
+        torch.testing.assert_close(out.double(), x.double() @ W.double(), rtol=1e-5, atol=1e-5)
+        assert _stats(compiled, "layout")["matmuls-packed"] == 1
+        assert [k["name"] for k in compiled.report.kernels] == ["forward_0_linear"]
