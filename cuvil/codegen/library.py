@@ -280,7 +280,8 @@ def _raw_buffer(lw, op, dtype: DType = DType.f32):
     if id(r) in lw.outputs:
         return lw.outputs[id(r)][1]
     outs = list(lw.outputs.values())
-    if len(outs) == 1 and outs[0][1].dtype == dtype and outs[0][0].type.rank == r.type.rank:
+    if len(outs) == 1 and outs[0][1].dtype == dtype and outs[0][0].type.rank == r.type.rank \
+            and id(outs[0][0]) not in lw.store_perm:
         return outs[0][1]
     return lw.scratch(dtype, r.type.shape)
 
@@ -356,13 +357,16 @@ def _epilogue(lw, region):
     nest(0, [])
 
 
-def _row_tile_height(rows, col_tiles) -> tuple[object, int]:
+def _row_tile_height(rows, col_tiles, line: int | None = None) -> tuple[object, int]:
     """(tiles, rows per tile) along a GEMM's rows: at most ROW_TILE rows a tile. With a static
     row count the tiles are of even height (a multiple of 8), and an even number of them in all
     when there are several: the engine splits the tiles into equal counts per thread, so a short
     last tile, or one tile more for one of two threads, would leave a thread idle (ConvNeXt's
     3136 rows in 12 tiles of 256 and one of 64, three column tiles each: one thread had 19% more
-    rows to do)."""
+    rows to do). With `line`, tiles of whole lines of that many rows (`_transposed_epilogue`)."""
+    if line is not None:
+        height = max(1, ROW_TILE // line) * line
+        return norm_dim(sympy.ceiling(sympy.sympify(rows) / height)), height
     if not isinstance(rows, int) or rows <= ROW_TILE:
         return norm_dim(sympy.ceiling(sympy.sympify(rows) / ROW_TILE)), ROW_TILE
     tiles = (rows + ROW_TILE - 1) // ROW_TILE
@@ -387,7 +391,7 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
     (`panel_gemm.py`; PANEL_COL_TILE is a multiple of every width)."""
     # the panel GEMM packs nothing per call, so narrower tiles cost little and give threads work
     col_tiles, width = _column_tiles(n, PANEL_COL_TILE if b_panels else COL_TILE)
-    row_tiles, height = _row_tile_height(rows, col_tiles)
+    row_tiles, height = _row_tile_height(rows, col_tiles, row_shape[-1] if lw.store_perm else None)
     if b_panels and row_tiles == 1 and col_tiles == 1 and isinstance(n, int) and n >= 2 * b_panels:
         # one tile would leave all threads but one idle (the block's QKV projection, 128 x 192):
         # two, split at a panel
@@ -403,6 +407,10 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
         lw.emit(Gemm(BufRef(T, first * n + first_col), BufRef(A, first * k), BufRef(B, b_offset), count, cols, k,
                      k, ldb, n, trans_b=trans_b, b_panels=b_panels, **_gemm_epilogue(in_registers, first_col)))
         if in_registers is not None and in_registers.whole:
+            return
+        if lw.store_perm:
+            _transposed_epilogue(lw, height // row_shape[-1] * t, height // row_shape[-1], first_col, cols,
+                                 row_shape)
             return
 
         def row(r, col_start=0, col_count=cols):
@@ -421,6 +429,25 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
             return
         lw.loop("e0", count, row)
     lw.loop("p", norm_dim(row_tiles * col_tiles), tile, parallel=True)
+
+
+def _transposed_epilogue(lw, first_line, lines, first_col, cols, row_shape) -> None:
+    """The epilogue of a row tile of whole lines (`lines` runs of the rows' last dim L, from
+    `first_line`) whose outputs are stored permuted with L last (`lower.epilogue_frames`: an NHWC
+    linear's result stored NCHW). Per line, blocks of 8 columns x 8 rows, which the emitter
+    transposes in registers (`transpose_tile.py`): 8 rows of the product from the tile's scratch,
+    8 runs of 8 elements of each output."""
+    L, W = row_shape[-1], TRANSPOSE_TILE
+
+    def line(tc, q):
+        outer = decompose(lw.known, first_line + q, row_shape[:-1])
+        lw.loop("tl", -(-L // W), lambda tl: lw.loop(
+            "ia", tile_extent(W, cols, W * tc), lambda i: lw.loop(
+                "ib", tile_extent(W, L, W * tl),
+                lambda j: lw.store_outputs(outer + [W * tl + j, first_col + W * tc + i]))))
+    count = tile_extent(lines, norm_dim(sympy.Mul(*row_shape[:-1])), first_line)
+    lw.loop("tc", norm_dim(sympy.ceiling(sympy.sympify(cols) / W)), lambda tc: lw.loop(
+        "e0", count, lambda q: line(tc, q)))
 
 
 def linear(lw, op):

@@ -273,24 +273,69 @@ def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
     if reduction is not None:
         return Refusal("gemm-epilogue", f"{root.name} can only be fused with an elementwise epilogue, "
                                         f"not with {reduction.name}")
+    frames = epilogue_frames(root, members)
+    if isinstance(frames, Refusal):
+        return frames
     shape = root.result.type.shape
-    stack, seen = [root.result], set()
+    for v in group_outputs(fn, ops):
+        want = permuted(shape, frames.get(id(v)))
+        if not _same_shape(v.type.shape, want):
+            return Refusal("shape", f"shape {shape_text(v.type.shape)} vs {shape_text(want)}: an output of "
+                                    f"{v.owner.name} differs from the shape of {root.name}'s epilogue")
+    return None
+
+
+def permuted(shape, perm: tuple | None) -> list:
+    return list(shape) if perm is None else [shape[k] for k in perm]
+
+
+def epilogue_frames(root: Operation, members: set[int]) -> dict[int, tuple | None] | Refusal:
+    """How each value after a GEMM-based `root` in its group is indexed (id -> frame), or why the
+    group's epilogue cannot compute it. Frame None: at the product's own index (elementwise ops of
+    its shape). A permutation `perm`: at the product's index permuted, behind one permute view of
+    a linear's product that makes the rows' last dim the last (an NHWC linear's result converted to
+    NCHW and added to the residual, ConvNeXt's block's end); the group then stores those outputs
+    transposed (`library._transposed_epilogue`) and needs that dim static."""
+    shape = root.result.type.shape
+    frames: dict[int, tuple | None] = {id(root.result): None}
+    stack = [root.result]
     while stack:
         v = stack.pop()
+        frame = frames[id(v)]
         for u in v.uses:
-            if id(u) not in members or id(u) in seen:
+            if id(u) not in members:
                 continue
-            if op_kind(u) != "elementwise" or not _same_shape(u.results[0].type.shape, shape):
+            if u.name == "cuvil.permute" and frame is None and _stores_transposed(root, u):
+                new = tuple(u.attrs["perm"])
+            elif op_kind(u) == "elementwise" and _same_shape(u.results[0].type.shape, permuted(shape, frame)):
+                new = frame
+            elif u.name == "cuvil.permute" and root.name == "cuvil.linear":
+                return Refusal("gemm-epilogue", f"{u.name} reads the result of {root.name} in its epilogue, which "
+                                                f"stores a permute of the product only where it puts the rows' "
+                                                f"last dim, a static one, last")
+            else:
                 return Refusal("gemm-epilogue", f"{u.name} reads the result of {root.name} in its epilogue, which "
                                                 f"sees only the block of the product one parallel iteration "
                                                 f"computed; only elementwise ops of its shape can")
-            seen.add(id(u))
-            stack.extend(u.results)
-    other = next((v for v in group_outputs(fn, ops) if not _same_shape(v.type.shape, shape)), None)
-    if other is not None:
-        return Refusal("shape", f"shape {shape_text(other.type.shape)} vs {shape_text(shape)}: an output of "
-                                f"{other.owner.name} differs from the shape of {root.name}'s epilogue")
-    return None
+            r = u.results[0]
+            if id(r) in frames:
+                if frames[id(r)] != new:
+                    return Refusal("gemm-epilogue", f"{u.name} reads {root.name}'s product both in its order and "
+                                                    f"permuted; its epilogue computes each element at one index")
+                continue
+            frames[id(r)] = new
+            stack.append(r)
+    if len({f for f in frames.values() if f is not None}) > 1:
+        return Refusal("gemm-epilogue", f"{root.name}'s epilogue stores its product in two permuted orders")
+    return frames
+
+
+def _stores_transposed(root: Operation, permute: Operation) -> bool:
+    """Whether the group of linear `root` can store `permute` of its product: the permute puts the
+    rows' last dim (static) last and moves the columns away from it."""
+    perm, shape = list(permute.attrs["perm"]), root.result.type.shape
+    return (root.name == "cuvil.linear" and len(shape) >= 2 and perm[-1] == len(shape) - 2
+            and isinstance(shape[-2], int) and _moves_elements(permute))
 
 
 def _reduction_legality(fn: Function, ops: list[Operation], members: set[int]) -> Refusal | None:
@@ -587,6 +632,10 @@ class GroupLowering:
         self._names = itertools.count()
         self._enclosing: list[str] = []      # loop and reduction variables of the statements being built
         self._collect_buffers()
+        # outputs a GEMM's epilogue stores at its product's index permuted (`epilogue_frames`)
+        root = next((op for op in self.ops if op_kind(op) == "library"), None)
+        frames = epilogue_frames(root, self.members) if root is not None else {}
+        self.store_perm: dict[int, tuple] = {i: frames[i] for i in self.outputs if frames.get(i)}
 
     # -- buffers
     def _collect_buffers(self) -> None:
@@ -1076,9 +1125,10 @@ class GroupLowering:
     def store_outputs(self, idx, which: Callable[[Value], bool] = lambda v: True) -> None:
         for v, buf in self.outputs.values():
             if which(v):
-                e = self.value(v, idx)
-                if not (isinstance(e, Load) and e.buf == buf and tuple(e.index) == tuple(map(norm_dim, idx))):
-                    self.built_by(v.owner, lambda: self.emit(Store(buf, idx, cast(e, buf.dtype))))
+                at = permuted(idx, self.store_perm.get(id(v)))
+                e = self.value(v, at)
+                if not (isinstance(e, Load) and e.buf == buf and tuple(e.index) == tuple(map(norm_dim, at))):
+                    self.built_by(v.owner, lambda: self.emit(Store(buf, at, cast(e, buf.dtype))))
 
     def _lower_elementwise(self) -> None:
         nests: list[tuple[tuple, set[int]]] = []     # (shape, the outputs of that shape)

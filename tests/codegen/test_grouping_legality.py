@@ -93,14 +93,22 @@ def test_legality_reasons(graphs):
                                                                                  "exp")))
 
 
-def test_gemm_epilogue_of_another_shape_is_refused():
+def test_gemm_epilogue_at_another_index():
+    """A permute of a square product has the product's shape but reads it at another index: a
+    linear's epilogue stores it transposed (`epilogue_frames`); a matmul's cannot."""
     def build(b, x, w):
-        return b("cuvil.permute", b("cuvil.linear", x, w), perm=[1, 0])     # square: same shape, other index
+        return b("cuvil.permute", b("cuvil.linear", x, w), perm=[1, 0])
+
+    def build_matmul(b, x, w):
+        return b("cuvil.permute", b("cuvil.matmul", x, w), perm=[1, 0])
     g = Graph("gemm_then_permute", build, [T(4, 4), T(4, 4)])
-    assert _names(g.fn, fusion_groups(g.fn)) == [["linear"], ["permute"]]
-    assert "cuvil.permute reads the result of cuvil.linear" in str(group_legality(g.fn, list(g.fn.ops[:-1])))
+    assert _names(g.fn, fusion_groups(g.fn)) == [["linear", "permute"]]
     x, w = _rand(4, 4), _rand(4, 4, seed=1)
     torch.testing.assert_close(run(g, compile_graphs([g]), x, w), F.linear(x, w).t())
+    m = Graph("matmul_then_permute", build_matmul, [T(4, 4), T(4, 4)])
+    assert _names(m.fn, fusion_groups(m.fn)) == [["matmul"], ["permute"]]
+    assert "cuvil.permute reads the result of cuvil.matmul" in str(group_legality(m.fn, list(m.fn.ops[:-1])))
+    torch.testing.assert_close(run(m, compile_graphs([m]), x, w), (x @ w).t())
 
 
 def test_a_concatenation_read_from_memory_and_through_a_view_in_one_group():
