@@ -170,7 +170,10 @@ def _step(p: Program) -> None:
         if _static(s[-1]) and (rng.random() < 0.6 or len(s) < 2):
             w = p.weight((n, s[-1]))
             bias = p.weight((n,)) if rng.random() < 0.5 else None
-            p.add(f"torch.nn.functional.linear({a}, {w}" + (f", {bias})" if bias else ")"), s[:-1] + (n,))
+            lin = p.add(f"torch.nn.functional.linear({a}, {w}" + (f", {bias})" if bias else ")"), s[:-1] + (n,))
+            if len(s) >= 2 and len(p.lines) % 3 == 0:     # transposed, then elementwise: the linear's
+                t = p.add(f"{lin}.transpose(-1, -2)", s[:-2] + (n, s[-2]))      # epilogue stores it so
+                p.add(rng.choice(BINARY).format(a=t, b=_broadcast_partner(p, p.shapes[t])), p.shapes[t])
         elif len(s) >= 2:
             same = [m for m, t in p.shapes.items() if t == s]
             p.add(f"{a} @ {rng.choice(same)}.transpose(-1, -2)", s[:-1] + (s[-2],))
