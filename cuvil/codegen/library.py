@@ -43,7 +43,7 @@ from .scalar_ops import call, cast, const
 
 ROW_TILE = 256          # output rows per parallel GEMM tile (linear, folded matmul)
 COL_TILE = 256          # output columns per tile, for outputs at least twice as wide
-PANEL_COL_TILE = 128    # the same for linears with packed weights (a multiple of their panels)
+PANEL_COL_TILE = 128    # the same for linears with packed weights (rounded down to whole panels)
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
 DEPTHWISE_MAX_TAPS = 128     # a depthwise output is a sum of kh*kw products written out in full
@@ -388,9 +388,9 @@ def _row_tiles(lw, T, rows, n, A, B, k, ldb, trans_b, row_shape, has_cols=True, 
     """C[rows, n] = A[rows, k] @ op(B) in parallel tiles of rows and columns; each tile then runs
     the epilogue over its block (`row_shape`: the output dims the flat row index spans), unless
     the microkernel applies it `in_registers`. With `b_panels` (their width), B is packed in panels
-    (`panel_gemm.py`; PANEL_COL_TILE is a multiple of every width)."""
+    (`panel_gemm.py`), a column tile is whole panels (PANEL_COL_TILE rounded down: 96 for 48)."""
     # the panel GEMM packs nothing per call, so narrower tiles cost little and give threads work
-    col_tiles, width = _column_tiles(n, PANEL_COL_TILE if b_panels else COL_TILE)
+    col_tiles, width = _column_tiles(n, PANEL_COL_TILE // b_panels * b_panels if b_panels else COL_TILE)
     row_tiles, height = _row_tile_height(rows, col_tiles, row_shape[-1] if lw.store_perm else None)
     if b_panels and row_tiles == 1 and col_tiles == 1 and isinstance(n, int) and n >= 2 * b_panels:
         # one tile would leave all threads but one idle (the block's QKV projection, 128 x 192):
@@ -538,7 +538,8 @@ def matmul(lw, op):
 # panel GEMM: a copy of K x N floats, against OpenBLAS packing both operands per call (measured
 # 0.73-0.75x OpenBLAS's time on 64x128x64, 64x64x128 and 128x128x16, panels packed beforehand).
 # The panels are as wide as the target's for weights (`ir.ops.nn.panel_width`): with AVX-512, 32
-# columns ran attention 7-20% faster than 16 from 64 to 1024 tokens (128: within 3%).
+# columns ran attention 7-20% faster than 16 from 64 to 1024 tokens (128: within 3%), and 64 ran
+# the benchmark's transformer block (its linears too) in 0.92x the kernel time of 32.
 PACK_MIN_ROWS = 16      # fewer rows than this: the copy is a large share of the work
 PACK_MIN_COLUMNS = 16   # fewer columns: less than one panel
 

@@ -1,5 +1,5 @@
 """GEMM with a pre-packed right-hand side: C[m, n] = A[m, k] @ B[k, n], with B stored in panels of
-`width` columns (16 or 32), `Bp[p][k][j] = B[k][width * p + j]` (the last panel zero-padded).
+`width` columns (16, 32, 48 or 64), `Bp[p][k][j] = B[k][width * p + j]` (the last panel zero-padded).
 
 The `layout` pass packs a linear's constant weight this way at compile time, so no run-time packing
 is needed (OpenBLAS packs B on every call: for a batch of 64 rows that is as much memory traffic
@@ -57,8 +57,9 @@ def panel_rows(lanes: int, registers: int, width: int) -> int:
     """Rows of C per microkernel call: as many as the accumulators (at most 24, in at most 12
     rows), the panel's vectors and one broadcast leave registers for. With 32 registers a 32-wide
     panel takes 12 rows: each vector of the panel loaded feeds twice the FMAs of 6 rows (MLP b64
-    11% faster on a Xeon with AVX-512); a 16-wide one stays at 12 (24 rows measured 5% slower on
-    the small CNN's convolutions)."""
+    11% faster on a Xeon with AVX-512); a 64-wide one 6 rows and a 48-wide one 8, 10 and 11 loads
+    for 24 FMAs against the 32-wide block's 14 (`ir.ops.nn.panel_width`); a 16-wide one stays at 12 (24 rows measured 5%
+    slower on the small CNN's convolutions)."""
     vectors = width // lanes
     return max(1, min(MAX_ACCUMULATORS // vectors, MAX_ROWS, (registers - vectors - 1) // vectors))
 

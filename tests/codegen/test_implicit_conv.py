@@ -16,7 +16,8 @@ from torch import nn
 import cuvil
 from cuvil.codegen.kernel_text import parse_kernels, print_kernels
 from cuvil.codegen.library import conv_algorithm
-from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, unpack_conv_panels
+from cuvil.codegen.target import Target
+from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, panel_width, unpack_conv_panels
 
 from codegen_helpers import Graph, T, compile_graphs, run
 from test_library import rand
@@ -83,10 +84,13 @@ def _reference(x_nchw, w_oihw, bias, stride, padding, relu=True, dilation=(1, 1)
 
 def test_panel_packing_round_trips():
     w = rand(40, 16, 3, 3)
-    packed = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO))
+    packed = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO), widest=32)
     assert packed.shape == (2, 3, 3, 16, 32)
     assert torch.equal(packed[1, 2, 0, 5, 7], w[32 + 7, 5, 2, 0]) and not packed[1, ..., 8:].any()
     assert torch.equal(unpack_conv_panels(packed, 40), w)
+    wide = pack_conv_panels(w.permute(*WEIGHT_TO_HWIO))    # 40 columns: one panel of 48 pads least
+    assert wide.shape == (1, 3, 3, 16, 48) and not wide[..., 40:].any()
+    assert torch.equal(unpack_conv_panels(wide, 40), w)
     assert pack_conv_panels(rand(3, 3, 3, 16)).shape[-1] == 16
 
 
@@ -236,20 +240,21 @@ def test_random_convolutions_through_o3_match_eager(cin, cout, groups, k, s, p, 
 
 @pytest.mark.parametrize("dilation", [1, 2])
 def test_a_large_panel_is_walked_in_chunks_of_runs(monkeypatch, dilation):
-    """With CHUNK_BYTES down to one kernel row's part of a panel (3 x 64 channels x 32 columns),
-    the panel GEMM takes k in three chunks (`.chunked`), every block of rows (35 of them: blocks of
-    12, 4 and 1) resuming from the C of the chunk before, a partial panel (40 = 32 + 8 channels)
-    through the tile, bias and relu after the last chunk only. Against an fp64 convolution."""
+    """With CHUNK_BYTES down to one kernel row's part of a panel (3 x 64 channels x the host's
+    panel width for 40 columns: 48 with AVX-512, 16 on AVX2), the panel GEMM takes k in three
+    chunks (`.chunked`), every block of rows resuming from the C of the chunk before, a partial
+    panel (40 of 48 columns, or 8 of 16) through the tile, bias and relu after the last chunk only.
+    Against an fp64 convolution."""
     from cuvil.codegen import panel_gemm
-    monkeypatch.setattr(panel_gemm, "CHUNK_BYTES", 3 * 64 * 32 * 4)
+    width = panel_width(40, Target.host().panel_width)
+    monkeypatch.setattr(panel_gemm, "CHUNK_BYTES", 3 * 64 * width * 4)
     model = nn.Sequential(nn.Conv2d(64, 40, 3, padding=dilation, dilation=dilation), nn.ReLU()).eval()
     x = torch.randn(2, 64, 7, 5, generator=torch.Generator().manual_seed(6))
     compiled = cuvil.compile(model, cache=False)
     with torch.no_grad():
         got = compiled(x)
         torch.testing.assert_close(got, copy.deepcopy(model).double()(x.double()).float(), rtol=1e-5, atol=1e-5)
-    assert any("cuvil.panel_gemm.32.chunked.bias.relu" in k["llvm_ir"] or "cuvil.panel_gemm.16.chunked.bias.relu"
-               in k["llvm_ir"] for k in compiled.report.kernels)
+    assert any(f"cuvil.panel_gemm.{width}.chunked.bias.relu" in k["llvm_ir"] for k in compiled.report.kernels)
 
 
 @pytest.mark.parametrize("target", ["aarch64", "riscv64"])

@@ -121,9 +121,10 @@ def test_models_of_other_sizes_share_the_compiled_gemm_routine(tmp_path, monkeyp
     def mlp(a, b):
         return torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.ReLU(), torch.nn.Linear(b, a), torch.nn.ReLU())
     runs = []
-    # 48 and 24 rows: whole blocks of the microkernel's rows (12 with AVX-512, 6 with AVX2), so both
-    # need the routine with the same row blocks (`panel_gemm.row_blocks`)
-    for model, x in ((mlp(64, 128), torch.randn(48, 64)), (mlp(96, 48), torch.randn(24, 96))):
+    # 48 and 24 rows: whole blocks of the microkernel's rows (6 with AVX-512's 64-wide panels and
+    # with AVX2's 16-wide ones), so both need the routine with the same row blocks
+    # (`panel_gemm.row_blocks`); 64 and 128 columns take panels of one width (`panel_width`)
+    for model, x in ((mlp(64, 128), torch.randn(48, 64)), (mlp(128, 64), torch.randn(24, 128))):
         compiled.clear()
         got = cuvil.compile(model, cache="objects")(x)
         with torch.no_grad():

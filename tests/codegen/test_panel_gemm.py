@@ -55,10 +55,12 @@ def compiled():
 
 def test_packing_round_trips():
     w = rand(70, 5)
-    packed = pack_panels(w)
+    packed = pack_panels(w, widest=32)
     assert packed.shape == (3, 5, 32)
     assert torch.equal(packed[1, :, 3], w[32 + 3]) and not packed[2, :, 6:].any()   # zero padding
     assert torch.equal(unpack_panels(packed, 70), w)
+    wide = pack_panels(w)       # 70 columns pad to 96 in panels of 32 or 48 (128 in 64): 48 wins the tie
+    assert wide.shape == (2, 5, 48) and torch.equal(unpack_panels(wide, 70), w) and not wide[1, :, 22:].any()
     head = pack_panels(rand(10, 7))             # a narrow output: one 16-wide panel
     assert head.shape == (1, 7, 16) and panel_width(10) == 16 and not head[..., 10:].any()
 
@@ -144,11 +146,11 @@ def test_panel_kernel_for_other_targets(target, instruction):
     assert "b_panels=16" in kernel["kernel_ir"] and re.search(instruction, kernel["asm"])
 
 
-@pytest.mark.parametrize("width", [16, 32])
+@pytest.mark.parametrize("width", [16, 32, 48, 64])
 @pytest.mark.parametrize("rows", [1, 2, 5, 13])
-def test_either_panel_width_on_the_host(width, rows):
-    """Both widths run on any host; a block of few rows splits k among chains of accumulators
-    (k = 67: a remainder after the chains)."""
+def test_every_panel_width_on_the_host(width, rows):
+    """Every width runs on any host (48 or 64 on AVX2: blocks of one row); a block of few rows splits k
+    among chains of accumulators (k = 67: a remainder after the chains)."""
     mlp = nn.Sequential(nn.Linear(67, 50), nn.ReLU(), nn.Linear(50, 7)).eval()
     pipeline = f"verify,shape-infer,layout{{panel-width={width}}},fuse,schedule,plan-memory"
     compiled = cuvil.compile(mlp, pipeline=pipeline)
@@ -219,16 +221,17 @@ def test_row_blocks_of_a_constant_m(m, rows, blocks):
     assert row_blocks(sympy.Symbol("s0", positive=True, integer=True), 12) is None
 
 
-@pytest.mark.parametrize("k_small,k_large,prefetches", [(24, 48, False), (24, 2048, True)])
+@pytest.mark.parametrize("k_small,k_large,prefetches", [(24, 64, False), (24, 2048, True)])
 def test_the_panel_gemm_prefetches_its_panels_where_a_call_streams_them(k_small, k_large, prefetches):
-    """A panel of 2048 x 32 floats (256 KB) is read from beyond L1 by every block of rows: the
-    routine prefetches it ahead (`PanelNeeds`), for both of its calls; panels that fit in L1 are
-    not prefetched. Either way the results are an fp64 reference's."""
-    model = nn.Sequential(nn.Linear(k_small, k_large), nn.ReLU(), nn.Linear(k_large, 40), nn.ReLU()).eval()
+    """A panel of 2048 x 64 floats (512 KB; 2048 x 16 on AVX2) is read from beyond L1 by every
+    block of rows: the routine prefetches it ahead (`PanelNeeds`), for both of its calls (64 or 2048
+    and 64 columns, all in the host's widest panels); panels that fit in L1 are not prefetched.
+    Either way the results are an fp64 reference's."""
+    model = nn.Sequential(nn.Linear(k_small, k_large), nn.ReLU(), nn.Linear(k_large, 64), nn.ReLU()).eval()
     x = torch.randn(30, k_small)
     kernels = parse_kernels("\n".join(k["kernel_ir"] for k in cuvil.explain(model, x).kernels))
     (helper,) = [u for u in build_units(kernels, {k.name: k.name for k in kernels}, Target.host(), {})
-                 if 'define void @"cuvil.panel_gemm.32.bias.relu"' in u]
+                 if f'define void @"cuvil.panel_gemm.{panel_width(64, Target.host().panel_width)}.bias.relu"' in u]
     assert ("call void @\"llvm.prefetch.p0\"" in helper) == prefetches
     with torch.no_grad():
         torch.testing.assert_close(cuvil.compile(model)(x), copy.deepcopy(model).double()(x.double()).float(),
@@ -253,9 +256,10 @@ def test_the_shared_panel_gemm_keeps_the_row_blocks_its_calls_need(m_x, m_y):
     x, y = torch.randn(m_x, 24), torch.randn(m_y, 24)
     kernels = parse_kernels("\n".join(k["kernel_ir"] for k in cuvil.explain(model, x, y).kernels))
     target = Target.host()
+    width = panel_width(64, target.panel_width)
     (helper,) = [u for u in build_units(kernels, {k.name: k.name for k in kernels}, target, {})
-                 if 'define void @"cuvil.panel_gemm.32.bias.relu"' in u]
-    rows = panel_rows(target.vector_floats, target.vector_registers, 32)
+                 if f'define void @"cuvil.panel_gemm.{width}.bias.relu"' in u]
+    rows = panel_rows(target.vector_floats, target.vector_registers, width)
     label = {rows: "i", 4: "i4", 1: "i1"}
     assert set(re.findall(r'^"?(i\d?)\.header"?:', helper, re.M)) == \
         {label[size] for size in row_blocks(m_x, rows) | row_blocks(m_y, rows)}
