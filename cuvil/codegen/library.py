@@ -47,6 +47,7 @@ PANEL_COL_TILE = 128    # the same for linears with packed weights (rounded down
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
 DEPTHWISE_MAX_TAPS = 128     # a depthwise output is a sum of kh*kw products written out in full
+DEPTHWISE_COPY_BLOCK = 4     # the same over an NHWC copy (7x7: 0.87x the time of 2, 5x5: 0.78x, 3x3: 0.98x)
 DEPTHWISE_BLOCK = 2          # outputs computed together, sharing loads (4 ran no faster on a Zen 3)
 DEPTHWISE_BORDER_TAPS = 13   # see _in_place_pays
 NHWC_MIN_CHANNEL_RUN = 8    # fewer channels per group: NHWC im2col gathers along image rows instead
@@ -726,11 +727,12 @@ def conv2d_depthwise(lw, op):
     tile_groups = 1 if nhwc else groups
     padded = lw.scratch(DType.f32, [norm_dim(N * tile_groups * tiles), norm_dim(in_rows * Wp * C)])
 
-    def output(q, oc, rr, ow):
+    def output(q, oc, rr, ow, outputs=1):
         c = floor_div(oc, per_channel, lw.known) if per_channel > 1 else oc
         return _window_sum(KH, KW, lambda kh, kw: (
             cast(lw.value(w, [kh, kw, 0, oc] if nhwc else [oc, 0, kh, kw]), DType.f32),
-            Load(padded, [q, ((rr * sh + kh * dh) * Wp + ow * sw + kw * dw) * C + (c if nhwc else 0)])))
+            Load(padded, [q, ((rr * sh + kh * dh) * Wp + ow * sw + kw * dw) * C + (c if nhwc else 0)])),
+            outputs=outputs)
 
     def store(at, values):
         values = [lw.let(v, "dw") for v in values]     # all loads first: T might alias them for LLVM
@@ -740,10 +742,10 @@ def conv2d_depthwise(lw, op):
     def body(q, n, g, first, count):
         _copy_padded(lw, x, padded, q, n, g, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp,
                      op.attrs["layout"])
-        if nhwc:    # DEPTHWISE_BLOCK output columns at a time share each weight vector's load
-            lw.loop("rr", count, lambda rr: _in_blocks(lw, "ow", OW, DEPTHWISE_BLOCK, lambda ows: lw.loop(
+        if nhwc:    # DEPTHWISE_COPY_BLOCK output columns at a time share each weight vector's load
+            lw.loop("rr", count, lambda rr: _in_blocks(lw, "ow", OW, DEPTHWISE_COPY_BLOCK, lambda ows: lw.loop(
                 "oc", OC, lambda oc: store([[n, first + rr, ow, oc] for ow in ows],
-                                           [output(q, oc, rr, ow) for ow in ows]))))
+                                           [output(q, oc, rr, ow, len(ows)) for ow in ows]))))
             return
         for j in range(per_channel):    # DEPTHWISE_BLOCK output rows at a time share their input rows
             oc = g * per_channel + j
@@ -766,21 +768,28 @@ def _depthwise_tile_rows(OH, OW, halo: int) -> int:
     return -(-OH // tiles)
 
 
-def _window_sum(KH: int, KW: int, product, row_kept=None) -> object:
+def _window_sum(KH: int, KW: int, product, row_kept=None, outputs: int = 1) -> object:
     """The sum over a KH x KW window of `product(kh, kw)` = (weight, input): chains of fused
     multiply-adds per kernel row, at most CHAIN_FMAS long (a Conformer's 31 taps in one chain
     waited on each FMA's latency in turn: 110 us, against 88 in chains of 8), then the chains'
-    and the rows' sums added pairwise; a row whose `row_kept(kh)` mask is false adds 0."""
+    and the rows' sums added pairwise; a row whose `row_kept(kh)` mask is false adds 0. One of a
+    block of `outputs` sums that share their loads is CHAIN_FMAS // outputs chains of consecutive
+    taps instead: fewer partial sums alive at once (with a chain per kernel row, a block of 4
+    spilled registers and took 2.5x the time)."""
+    def chain(taps):
+        acc = None
+        for kh, kw in taps:
+            weight, x_at = product(kh, kw)
+            acc = call("mul", weight, x_at) if acc is None else call("fma", weight, x_at, acc)
+        return acc
+    if outputs > 1 and row_kept is None:
+        taps = [(kh, kw) for kh in range(KH) for kw in range(KW)]
+        size = -(-len(taps) // max(1, CHAIN_FMAS // outputs))
+        return _tree_sum([chain(taps[first:first + size]) for first in range(0, len(taps), size)])
     rows = []
     for kh in range(KH):
-        chains = []
-        for first in range(0, KW, CHAIN_FMAS):
-            acc = None
-            for kw in range(first, min(KW, first + CHAIN_FMAS)):
-                weight, x_at = product(kh, kw)
-                acc = call("mul", weight, x_at) if acc is None else call("fma", weight, x_at, acc)
-            chains.append(acc)
-        acc = _tree_sum(chains)
+        acc = _tree_sum([chain([(kh, kw) for kw in range(first, min(KW, first + CHAIN_FMAS))])
+                         for first in range(0, KW, CHAIN_FMAS)])
         rows.append(acc if row_kept is None else call("select", row_kept(kh), acc, const(0.0, DType.f32)))
     return _tree_sum(rows)
 

@@ -1,15 +1,16 @@
 """An NHWC depthwise convolution whose input is in memory reads it where it lies (no zero-padded
 copy) and applies its elementwise epilogue before each store (library._depthwise_in_place): the
 kernel's shape, and its results against eager torch where the border code matters: uneven padding,
-strides and dilations, an image smaller than the window, and infinities next to the padding."""
+strides and dilations, an image smaller than the window, and infinities next to the padding. And
+the copying kernel's blocks of columns (library.conv2d_depthwise)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cuvil.codegen.kernel_ir import Call, Let, Loop, operands
-from cuvil.codegen.kernel_text import print_kernel
+import cuvil
+from cuvil.codegen.kernel_ir import Call, Let, Loop
+from cuvil.codegen.kernel_text import parse_kernels, print_kernel
 from cuvil.codegen.llvm_emit import _latency_bound
-from cuvil.codegen.panel_gemm import CHAIN_FMAS
 from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO
 
 from codegen_helpers import Graph, T, compile_graphs, run
@@ -123,16 +124,6 @@ def test_both_choices_match_eager(size):
     torch.testing.assert_close(out.permute(*TO_NCHW), F.conv2d(x, weight, None, 1, 3, 1, 8), rtol=1e-5, atol=1e-5)
 
 
-def _fma_chain(e) -> int:
-    """The longest run of fused multiply-adds each adding to the next (as `_window_sum` nests them)."""
-    if not isinstance(e, Call):
-        return max((_fma_chain(o) for o in operands(e)), default=0)
-    below = max((_fma_chain(o) for o in e.args), default=0)
-    if e.fn == "fma":
-        return 1 + (_fma_chain(e.args[2]) if isinstance(e.args[2], Call) and e.args[2].fn == "fma" else 0)
-    return below
-
-
 def _loops(stmts):
     for s in stmts:
         if isinstance(s, Loop):
@@ -141,16 +132,18 @@ def _loops(stmts):
 
 
 def test_a_long_window_row_is_summed_in_short_chains_and_its_loop_is_not_interleaved():
-    """A Conformer's 31-tap 1-d depthwise convolution with SiLU: each output's taps in fused
-    multiply-add chains of at most CHAIN_FMAS (one chain of 31 waited on each FMA's latency), so
-    the channel loop has independent chains enough and LLVM is not asked to interleave copies of
-    it (`_latency_bound`), as it is for a lone SiLU."""
+    """A Conformer's 31-tap 1-d depthwise convolution with SiLU (over a copy: its length is
+    dynamic): a lone output's taps in fused multiply-add chains of at most CHAIN_FMAS (one chain
+    of 31 waited on each FMA's latency), a block of DEPTHWISE_COPY_BLOCK = 4 outputs' in two chains
+    each (16 and 15 taps), so the channel loop has independent chains enough and LLVM is not asked
+    to interleave copies of it (`_latency_bound`), as it is for a lone SiLU."""
     graph = Graph("dw_conformer", lambda b, x, w, bi: b("cuvil.silu", b(
         "cuvil.conv2d", x, w, bi, padding=[0, 15], groups=32, layout="nhwc")), [T(1, 1, "s0", 32), T(1, 31, 1, 32),
                                                                                T(32)])
     (kernel,) = graph.kernels
     sums = [s.value for loop in _loops(kernel.body) for s in loop.body if isinstance(s, Let)]
-    assert sums and max(map(_fma_chain, sums)) == CHAIN_FMAS - 1     # a mul, then 7 fmas
+    chains = sorted(sorted(_chains(v)) for v in sums if max(_chains(v)))     # the window sums
+    assert chains == [[6, 7, 7, 7], [14, 15], [14, 15], [14, 15], [14, 15]]    # a mul, then 7 fmas: 8 taps
     channel_loops = [loop for loop in _loops(kernel.body) if loop.var.startswith("oc")]
     assert channel_loops and not any(_latency_bound(loop.body) for loop in channel_loops)
     silu = Graph("silu_alone", lambda b, x: b("cuvil.silu", x), [T(4, 64)])
@@ -180,3 +173,31 @@ def test_a_copied_depthwise_input_is_copied_in_tall_tiles(size, stride, dilation
         torch.testing.assert_close(compiled(x), block(x), rtol=1e-5, atol=1e-5)
     (kernel,) = compiled.report.kernels
     assert kernel["name"].endswith("permute_conv2d")      # the copy is the transpose
+
+
+def _chains(e) -> list[int]:
+    """The fused multiply-adds in each chain that a window sum adds up (its adds, pairwise)."""
+    if isinstance(e, Call) and e.fn == "add":
+        return _chains(e.args[0]) + _chains(e.args[1])
+    fmas = 0
+    while isinstance(e, Call) and e.fn == "fma":
+        fmas, e = fmas + 1, e.args[2]
+    return [fmas]
+
+
+def test_a_copied_input_is_summed_four_columns_at_a_time_in_two_chains_each():
+    """Over its zero-padded NHWC copy (an NCHW image converted, as ConvNeXt's block does), a 7x7
+    depthwise convolution computes DEPTHWISE_COPY_BLOCK = 4 output columns together, each sum in
+    two chains of consecutive taps (25 and 24 taps: a mul, then 24 or 23 fmas), and the columns
+    left over (10 = 2 x 4 + 2) one at a time, in a chain per kernel row (a mul, then 6 fmas).
+    Against fp64."""
+    model = torch.nn.Conv2d(24, 24, 7, padding=3, groups=24).eval()
+    x = rand(2, 24, 9, 10)
+    forward = lambda x: model(x).permute(0, 2, 3, 1)   # noqa: E731
+    (kernel,) = parse_kernels(cuvil.explain(forward, x).kernels[0]["kernel_ir"])
+    assert "permute_conv2d" in kernel.name
+    sums = [sorted(_chains(s.value)) for loop in _loops(kernel.body) for s in loop.body if isinstance(s, Let)]
+    assert sums.count([23, 24]) == 4 and sums.count([6] * 7) == 1 and len(sums) == 5
+    with torch.no_grad():
+        expected = F.conv2d(x.double(), model.weight.double(), model.bias.double(), 1, 3, 1, 24).permute(0, 2, 3, 1)
+        torch.testing.assert_close(cuvil.compile(forward, cache=False)(x).double(), expected, rtol=1e-5, atol=1e-5)
