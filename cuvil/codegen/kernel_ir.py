@@ -39,7 +39,7 @@ from ..ir.ops.nn import PANEL_WIDTHS
 from ..ir.ops.reduction import TOPK_ORDERS
 from .index_math import fold_divisions
 
-ROLES = ("in", "out", "scratch", "status")
+ROLES = ("in", "out", "scratch", "status", "local")
 REDUCE_KINDS = ("sum", "max", "min", "prod")
 
 
@@ -385,7 +385,7 @@ class BufRef:
 GEMM_INTS = ("m", "n", "k", "lda", "ldb", "ldc")
 GEMM_WINDOW = ("a_rows", "a_rows_stride", "k_run", "k_run_stride")
 GEMM_TAPS = ("k_row_runs", "k_run_step")      # a dilated window's runs: see Gemm
-GEMM_EPILOGUE = ("bias", "relu")
+GEMM_EPILOGUE = ("bias", "relu", "bias_rows")
 
 
 @dataclass
@@ -400,7 +400,8 @@ class Gemm(Stmt):
     j = kk / k_run (a convolution as an implicit GEMM: k_row_runs runs of k_run floats per kernel
     row, k_run_step apart, a dilated row's taps; one run per row unless GEMM_TAPS say). It may also
     finish C in registers before storing it (GEMM_EPILOGUE): add `bias`, a vector of n floats
-    (C[i, j] += bias[j]), then `relu` (C = maximum(C, 0), NaN kept), in that order."""
+    (C[i, j] += bias[j]; with `bias_rows`, m floats: C[i, j] += bias[i]), then `relu`
+    (C = maximum(C, 0), NaN kept), in that order."""
     c: BufRef
     a: BufRef
     b: BufRef
@@ -423,6 +424,7 @@ class Gemm(Stmt):
     k_run_step: Dim = 0
     bias: BufRef | None = None
     relu: bool = False
+    bias_rows: bool = False
 
     def __post_init__(self):
         if self.b_panels not in (0, *PANEL_WIDTHS):
@@ -437,7 +439,9 @@ class Gemm(Stmt):
         if self.dilated and not all(window):
             raise ValueError(f"{' and '.join(GEMM_TAPS)} describe a windowed A: give {', '.join(GEMM_WINDOW)} too")
         if (self.bias is not None or self.relu) and not self.b_panels:
-            raise ValueError(f"only a gemm with b_panels applies {' and '.join(GEMM_EPILOGUE)} in registers")
+            raise ValueError(f"only a gemm with b_panels applies {' and '.join(GEMM_EPILOGUE[:2])} in registers")
+        if self.bias_rows and self.bias is None:
+            raise ValueError("bias_rows says how a bias is added: give bias too")
         for name in self.operand_names:
             ref = getattr(self, name)
             if ref.buf.dtype != DType.f32:
@@ -510,7 +514,10 @@ class TopK(Stmt):
 class Kernel:
     """One generated function `void name(char **bufs, const int64_t *dims)`.
 
-    `bufs[i]` is `buffers[i]`. A kernel with a parallel loop is *splittable*: it gets
+    `bufs[i]` is `buffers[i]`. `locals` are buffers of role "local", not parameters: each call of
+    the function (a thread's range of the parallel loop) has its own, on its stack, of a size
+    known at compile time, so that the iterations of one call reuse one copy while it is in cache
+    (a scratch buffer has a region per iteration, all of them in the arena). A kernel with a parallel loop is *splittable*: it gets
     `dims = [begin, end, *dim_values]` and runs iterations [begin, end) of `0..parallel_extent`
     (relative to the loop's start). Any other kernel gets `dims = dim_values`. `dim_values` are the
     values of `dim_exprs`: the symbols in order, then, for a splittable kernel, the parallel
@@ -520,6 +527,7 @@ class Kernel:
     buffers: list
     symbols: list
     body: list
+    locals: list = field(default_factory=list)
 
     @property
     def parallel_loop(self) -> Loop | None:
@@ -566,18 +574,23 @@ def verify_kernel(k: Kernel) -> None:
 class _KernelVerifier:
     def __init__(self, k: Kernel):
         self.k = k
-        self.buffers = {b.name: b for b in k.buffers}
+        self.buffers = {b.name: b for b in k.buffers + k.locals}
         self.symbols = set(k.symbols)
 
     def fail(self, msg: str):
         return CuvilVerifyError(f"kernel @{self.k.name}: {msg}")
 
     def run(self) -> None:
-        if len(self.buffers) != len(self.k.buffers):
+        if len(self.buffers) != len(self.k.buffers) + len(self.k.locals):
             raise self.fail("two buffers have the same name")
         for b in self.k.buffers:
+            if b.role == "local":
+                raise self.fail(f"%{b.name} is a local buffer among the parameters")
             for d in b.shape + (b.strides or ()):
                 self.index(d, set(), f"the shape of %{b.name}")
+        for b in self.k.locals:
+            if b.role != "local" or b.strides is not None or not all(isinstance(d, int) for d in b.shape):
+                raise self.fail(f"local buffer %{b.name} needs role local, no strides and a static shape")
         parallel = [s for s in self.k.body if isinstance(s, Loop) and s.parallel]
         if len(parallel) > 1:
             raise self.fail("more than one parallel loop")

@@ -155,7 +155,7 @@ def print_kernel(k: Kernel, canonical: bool = False, lines: LineMap | None = Non
     given, records where each statement went."""
     names = _Names(canonical)
     params = []
-    for b in k.buffers:
+    for b in k.buffers + k.locals:
         text = f"%{names(b.name, 'b')}: {b.role} {b.dtype}[{', '.join(index_str(d) for d in b.shape)}]"
         if b.strides is not None:
             text += f" strides [{', '.join(index_str(d) for d in b.strides)}]"
@@ -212,7 +212,7 @@ def _print_block(stmts, depth: int, lines: list[str], names: _Names, where: Line
                 ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_WINDOW] if s.a_rows is not None else []) + \
                 ([f"{f}={index_str(getattr(s, f))}" for f in GEMM_TAPS] if s.dilated else []) + \
                 ([_ref_str("bias", s.bias, names)] if s.bias is not None else []) + \
-                (["relu=true"] if s.relu else [])
+                (["bias_rows=true"] if s.bias_rows else []) + (["relu=true"] if s.relu else [])
             lines.append(f"{pad}gemm {', '.join(refs + ints + rest)}")
         elif isinstance(s, TopK):
             refs = [_ref_str(r, getattr(s, r), names) for r in ("dst", "src")]
@@ -394,12 +394,13 @@ class _Parser:
         self.expect("{")
         self.end_of_line()
         body = self.block()
-        return Kernel(name, buffers, symbols, body)
+        return Kernel(name, [b for b in buffers if b.role != "local"], symbols, body,
+                      [b for b in buffers if b.role == "local"])
 
     def buffer_decl(self):
         tok = self.expect_kind("pname", "a buffer parameter like %x")
         self.expect(":")
-        role_tok = self.expect_kind("ident", "a role (in, out, scratch, status)")
+        role_tok = self.expect_kind("ident", "a role (in, out, scratch, status, local)")
         if role_tok.text not in ROLES:
             raise self.error(f"unknown buffer role '{role_tok.text}' (expected {', '.join(ROLES)})", role_tok)
         dtype = self.dtype()
@@ -564,7 +565,7 @@ class _Parser:
         tok = self.next()
         fields = self.call_fields("gemm", {**dict.fromkeys(("a", "b", "c", "bias"), "ref"),
                                            **dict.fromkeys(GEMM_INTS + GEMM_WINDOW + GEMM_TAPS, "index"),
-                                           "b_panels": "int", **dict.fromkeys(("trans_a", "trans_b", "relu"), "bool"),
+                                           "b_panels": "int", **dict.fromkeys(("trans_a", "trans_b", "relu", "bias_rows"), "bool"),
                                            "alpha": "float", "beta": "float"})
         missing = [f for f in ("c", "a", "b") + GEMM_INTS if f not in fields]
         if missing:

@@ -15,9 +15,12 @@ attention; the runtime's topk; running folds) and window ops (pooling, direct co
 
 Convolution picks its algorithm per shape (`conv_algorithm`): a plain GEMM for 1x1 stride-1
 unpadded ungrouped convolutions, an implicit GEMM on the panel microkernel for the NHWC ones whose
-weight the `layout` pass blocked in panels (all but depthwise ones), a direct kernel when the
-reduction per output element is small (depthwise, or in_channels/groups * kh * kw <= 16), im2col +
-GEMM otherwise.
+weight the `layout` pass blocked in panels (all but depthwise ones), unrolled sums for depthwise
+ones, the panel GEMM along the output rows for NCHW ones with few output channels (`columns`: an
+RGB stem the `layout` pass left in NCHW), a direct kernel when the reduction per output element is
+small (in_channels/groups * kh * kw <= 16), im2col + GEMM otherwise. What one parallel tile copies
+(a padded input, im2col's columns) goes in the call's own local buffer where it fits
+(`_per_item`).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from ..errors import CuvilError, CuvilUnsupportedOpError
 from ..index_inputs import index_outside
 from ..ir.core import Operation
 from ..ir.ops.common import pair
-from ..ir.ops.nn import TO_NHWC, conv_padding, panel_width, spatial_axes
+from ..ir.ops.nn import PANEL_WIDTHS, TO_NHWC, conv_padding, panel_width, spatial_axes
 from ..ir.types import DType, dims_equal, norm_dim
 from .index_math import (TRANSPOSE_TILE, bounds, broadcast_index, decompose, floor_div, index_max, index_min,
                          tile_extent)
@@ -46,11 +49,17 @@ COL_TILE = 256          # output columns per tile, for outputs at least twice as
 PANEL_COL_TILE = 128    # the same for linears with packed weights (rounded down to whole panels)
 CONV_TILE_POSITIONS = 256   # output positions (whole rows) per im2col tile
 DIRECT_CONV_MAX_REDUCTION = 16
+COLUMNS_MAX_OUT = 16        # conv2d_columns: output channels at most,
+COLUMNS_MAX_REDUCTION = 32   # in_channels * kh * kw at most,
+COLUMNS_RUN = 16             # and output columns a multiple of these (a vector), packed as runs
 DEPTHWISE_MAX_TAPS = 128     # a depthwise output is a sum of kh*kw products written out in full
 DEPTHWISE_COPY_BLOCK = 4     # the same over an NHWC copy (7x7: 0.87x the time of 2, 5x5: 0.78x, 3x3: 0.98x)
 DEPTHWISE_BLOCK = 2          # outputs computed together, sharing loads (4 ran no faster on a Zen 3)
 DEPTHWISE_BORDER_TAPS = 13   # see _in_place_pays
 NHWC_MIN_CHANNEL_RUN = 8    # fewer channels per group: NHWC im2col gathers along image rows instead
+# a kernel's local buffers, in all, at most (on the stack of each thread that calls it: the
+# runtime's threads and Python's get 8 MB on Linux)
+LOCAL_MAX_BYTES = 128 << 10
 
 
 # ----------------------------------------------------------------------------- window helpers
@@ -241,9 +250,89 @@ def conv_algorithm(op: Operation) -> str:
         return "implicit"
     if cin_g == 1 and 1 < kh * kw <= DEPTHWISE_MAX_TAPS:
         return "depthwise"
+    if columns_pay(op):
+        return "columns"
     if cin_g == 1 or cin_g * kh * kw <= DIRECT_CONV_MAX_REDUCTION:
         return "direct"
     return "im2col"
+
+
+def columns_pay(op: Operation) -> bool:
+    """Whether an NCHW convolution runs along its output rows (`conv2d_columns`): few output
+    channels (an NHWC implicit GEMM's row of C is then one vector, and every FMA needs a broadcast
+    of its own: load-bound), a short reduction, unit stride and dilation along the width, rows of
+    whole vectors, and its tile's input planes and panels within LOCAL_MAX_BYTES."""
+    stride, _, dilation, groups = _conv_attrs(op)
+    out_ch, cin_g, kh, kw = _conv_weight_dims(op)
+    ow = op.result.type.shape[3]
+    if not (op.attrs["layout"] == "nchw" and groups == 1 and stride[1] == 1 and dilation[1] == 1
+            and out_ch <= COLUMNS_MAX_OUT and cin_g * kh * kw <= COLUMNS_MAX_REDUCTION
+            and isinstance(ow, int) and ow % COLUMNS_RUN == 0 and op.operands[0].type.dtype == DType.f32):
+        return False
+    return sum(math.prod(shape) for shape in _columns_locals(op, max(PANEL_WIDTHS)).values()) * 4 <= LOCAL_MAX_BYTES
+
+
+def _columns_locals(op: Operation, width: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of `conv2d_columns`'s local buffers: a tile's zero-padded input planes, and its
+    panels of col at the given panel width."""
+    (sh, _), _, (dh, _), _ = _conv_attrs(op)
+    _, C, KH, KW = _conv_weight_dims(op)
+    OW = op.result.type.shape[3]
+    tile_rows = _tile_rows(op.result.type.shape[2], OW)
+    in_rows, Wp = (tile_rows - 1) * sh + (KH - 1) * dh + 1, OW - 1 + KW
+    return {"planes": (C, in_rows * Wp), "col": (-(-(tile_rows * OW) // width), C * KH * KW, width)}
+
+
+def conv2d_columns(lw, op):
+    """An NCHW convolution as out[OC, positions] = W[OC, K] @ col[K, positions] on the panel
+    microkernel, the output positions along its vectors. Per parallel tile (image, block of output
+    rows): the input channels' rows the tile reads are copied zero-padded, a plane per channel;
+    col's panels are packed from them, tap by tap, each panel row in runs of output positions that
+    are runs of a plane row; the GEMM's rows are the output channels, its A the weight as it lies.
+    With few output channels an NHWC implicit GEMM's row of C is one vector, and each of its FMAs
+    needs a broadcast of its own: it runs at the load rate. Here a 6 x 64 block of C takes 6
+    broadcasts and 4 vector loads for 24 FMAs. The planes and the panels are the call's own
+    (`Lowering.local`): tile after tile reuses them in L1 (a region per tile went to L3 and back:
+    the packing took as long as the GEMM)."""
+    _require_f32(op)
+    (sh, _), (ph, pw), (dh, _), _ = _conv_attrs(op)
+    x, w = op.operands[:2]
+    T = _raw_buffer(lw, op)
+    _materialize(lw, op, T, 1)
+    N, C = x.type.shape[:2]
+    OC, _, KH, KW = _conv_weight_dims(op)
+    OH, OW = op.result.type.shape[2:]
+    tile_rows = _tile_rows(OH, OW)
+    span_h, Wp = (KH - 1) * dh + 1, OW - 1 + KW
+    width = panel_width(tile_rows * OW, lw.widest_panel)
+    run = OW if width % OW == 0 else COLUMNS_RUN      # positions in one panel and one plane row
+    shapes = _columns_locals(op, width)
+    planes, col = lw.local(DType.f32, shapes["planes"]), lw.local(DType.f32, shapes["col"])
+    in_registers = _register_epilogue(lw, op, T)
+    epilogue = _gemm_epilogue(in_registers, 0)
+    if epilogue.get("bias") is not None:        # a bias per output channel: per row of C
+        epilogue["bias_rows"] = True
+
+    def pack(c, kh, kw, rr, v, j):
+        at = rr * OW + v * run
+        lw.emit(Store(col, [floor_div(at, width, lw.known), (c * KH + kh) * KW + kw, at % width + j],
+                      Load(planes, [c, (rr * sh + kh * dh) * Wp + v * run + j + kw])))
+
+    def body(q, n, g, first, count):
+        lw.loop("c", C, lambda c: _copy_padded(lw, x, planes, c, n, c, 1, first * sh - ph, (count - 1) * sh + span_h,
+                                                pw, Wp, "nchw"))
+        # tap by tap: the stores of one run after another fill a panel row (the other way round,
+        # each store went a panel row further: 1.1-1.2x the packing's time in a C++ model of it)
+        _loops(lw, ["c", "kh", "kw", "rr", "v", "j"], [C, KH, KW, count, OW // run, run], pack)
+        # the last panel past the tile's positions: computed, not stored; zeros, not stale values
+        used = count * OW
+        pad = norm_dim(sympy.Mod(-sympy.sympify(used), width))
+        if pad != 0:
+            lw.loop("k", C * KH * KW, lambda k: lw.loop("j", pad, lambda j: lw.emit(Store(
+                col, [floor_div(used, width, lw.known), k, width - pad + j], const(0.0, DType.f32)))))
+        lw.emit(Gemm(BufRef(T, n * OC * OH * OW + first * OW), BufRef(lw.inputs[id(w)], 0), BufRef(col, 0),
+                     OC, used, C * KH * KW, C * KH * KW, 0, OH * OW, b_panels=width, **epilogue))
+    _conv_tiles(lw, op, T, N, 1, OH, OW, body, tile_rows, epilogue=in_registers is None or not in_registers.whole)
 
 
 def conv2d_direct(lw, op, idx):
@@ -625,8 +714,7 @@ def conv2d_im2col(lw, op):
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
     positions = tile_rows * OW
     rows_of_channels = nhwc and cin_g >= NHWC_MIN_CHANNEL_RUN
-    col = lw.scratch(DType.f32, [norm_dim(N * groups * tiles)] + ([positions, K] if rows_of_channels else
-                                                                 [K, positions]))
+    col, slot = _per_item(lw, norm_dim(N * groups * tiles), norm_dim(positions * K))
     Wt = lw.inputs[id(w)]
 
     def body(q, n, g, first, count):
@@ -637,14 +725,14 @@ def conv2d_im2col(lw, op):
             v = _masked_value(lw, x, _image(op.attrs["layout"], n, g * cin_g + c, ih, iw), mask,
                               const(0.0, DType.f32))
             k = ((kh * KW + kw) * cin_g + c) if nhwc else ((c * KH + kh) * KW + kw)
-            lw.emit(Store(col, [q, rr * OW + ow, k] if rows_of_channels else [q, k, rr * OW + ow], v))
+            lw.emit(Store(col, [slot(q), (rr * OW + ow) * K + k if rows_of_channels else k * positions + rr * OW + ow], v))
         if rows_of_channels:
             _loops(lw, ["rr", "ow", "kh", "kw", "c"], [count, OW, KH, KW, cin_g],
                    lambda rr, ow, kh, kw, c: gather(rr, ow, c, kh, kw))
         else:
             _loops(lw, ["c", "kh", "kw", "rr", "ow"], [cin_g, KH, KW, count, OW],
                    lambda c, kh, kw, rr, ow: gather(rr, ow, c, kh, kw))
-        cols = BufRef(col, q * K * positions)
+        cols = BufRef(col, slot(q) * K * positions)
         if not nhwc:
             lw.emit(Gemm(BufRef(T, (n * OC + g * oc_g) * OH * OW + first * OW), BufRef(Wt, g * oc_g * K), cols,
                          oc_g, count * OW, K, K, positions, OH * OW))
@@ -679,15 +767,15 @@ def conv2d_implicit(lw, op):
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
     span_h, span_w = (KH - 1) * dh + 1, (KW - 1) * dw + 1       # the window's extent in the input
     in_rows, Wp = (tile_rows - 1) * sh + span_h, norm_dim((sympy.sympify(OW) - 1) * sw + span_w)
-    padded = lw.scratch(DType.f32, [norm_dim(N * groups * tiles), norm_dim(in_rows * Wp * C)])
+    padded, slot = _per_item(lw, norm_dim(N * groups * tiles), norm_dim(in_rows * Wp * C))
     Wt = lw.inputs[id(w)]
     in_registers = _register_epilogue(lw, op, T)
     # one run per kernel row, or one per tap of a row dilated along the width
     runs = dict(k_run=KW * C) if dw == 1 else dict(k_run=C, k_row_runs=KW, k_run_step=dw * C)
 
     def body(q, n, g, first, count):
-        _copy_padded(lw, x, padded, q, n, g * C, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp)
-        lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g), BufRef(padded, q * in_rows * Wp * C),
+        _copy_padded(lw, x, padded, slot(q), n, g * C, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp)
+        lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g), BufRef(padded, slot(q) * in_rows * Wp * C),
                      BufRef(Wt, g * panels_g * KH * KW * C * width), count * OW, oc_g, KH * KW * C, sw * C, 0, OC,
                      b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run_stride=dh * Wp * C, **runs,
                      **_gemm_epilogue(in_registers, g * oc_g)))
@@ -725,13 +813,13 @@ def conv2d_depthwise(lw, op):
     in_rows, Wp = (tile_rows - 1) * sh + span_h, norm_dim((sympy.sympify(OW) - 1) * sw + span_w)
     C = groups if nhwc else 1                       # channels in one tile's copy
     tile_groups = 1 if nhwc else groups
-    padded = lw.scratch(DType.f32, [norm_dim(N * tile_groups * tiles), norm_dim(in_rows * Wp * C)])
+    padded, slot = _per_item(lw, norm_dim(N * tile_groups * tiles), norm_dim(in_rows * Wp * C))
 
     def output(q, oc, rr, ow, outputs=1):
         c = floor_div(oc, per_channel, lw.known) if per_channel > 1 else oc
         return _window_sum(KH, KW, lambda kh, kw: (
             cast(lw.value(w, [kh, kw, 0, oc] if nhwc else [oc, 0, kh, kw]), DType.f32),
-            Load(padded, [q, ((rr * sh + kh * dh) * Wp + ow * sw + kw * dw) * C + (c if nhwc else 0)])),
+            Load(padded, [slot(q), ((rr * sh + kh * dh) * Wp + ow * sw + kw * dw) * C + (c if nhwc else 0)])),
             outputs=outputs)
 
     def store(at, values):
@@ -740,7 +828,7 @@ def conv2d_depthwise(lw, op):
             lw.emit(Store(T, idx, v))
 
     def body(q, n, g, first, count):
-        _copy_padded(lw, x, padded, q, n, g, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp,
+        _copy_padded(lw, x, padded, slot(q), n, g, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp,
                      op.attrs["layout"])
         if nhwc:    # DEPTHWISE_COPY_BLOCK output columns at a time share each weight vector's load
             lw.loop("rr", count, lambda rr: _in_blocks(lw, "ow", OW, DEPTHWISE_COPY_BLOCK, lambda ows: lw.loop(
@@ -945,6 +1033,16 @@ def _tree_sum(terms: list):
     while len(terms) > 1:
         terms = [call("add", a, b) for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) // 2 * 2:]
     return terms[0]
+
+
+def _per_item(lw, items, size):
+    """A buffer of `size` floats per iteration of the parallel loop, and the function of the
+    iteration that gives the one to use: the call's own local buffer, which every iteration of the
+    call reuses while it is in cache, where `size` is known and the kernel's locals stay within
+    LOCAL_MAX_BYTES; else a region of scratch each (all of them in the arena)."""
+    if isinstance(size, int) and lw.local_bytes + size * 4 <= LOCAL_MAX_BYTES:
+        return lw.local(DType.f32, (1, size)), lambda q: 0
+    return lw.scratch(DType.f32, [items, size]), lambda q: q
 
 
 def _copy_padded(lw, x, padded, q, n, c0, C, top_row, rows, pw, Wp, layout="nhwc"):
@@ -1186,7 +1284,7 @@ def _tile_groups(batch: list, tiles: int) -> int:
 
 def conv2d(lw, op):
     return {"gemm": conv2d_gemm, "implicit": conv2d_implicit, "im2col": conv2d_im2col,
-            "depthwise": conv2d_depthwise}[conv_algorithm(op)](lw, op)
+            "depthwise": conv2d_depthwise, "columns": conv2d_columns}[conv_algorithm(op)](lw, op)
 
 
 TOPK_COLUMNS = 16  # the rows a topk along another dim than the last copies out together
@@ -1500,7 +1598,7 @@ def gathered_operands(op: Operation) -> list:
     matmul with its operands, so a permute, reshape or split in front of them costs nothing
     (attention's heads of a joint QKV projection). Computed producers stay out: the gather reads
     each element kh*kw times, the packing once per tile of query rows."""
-    if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit", "depthwise"):
+    if op.name == "cuvil.conv2d" and conv_algorithm(op) in ("im2col", "implicit", "depthwise", "columns"):
         candidates = [op.operands[0]]
     elif op.name == "cuvil.sdpa" and _packs_keys_and_values(op):
         candidates = list(op.operands[:3])

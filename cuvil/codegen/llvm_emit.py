@@ -72,6 +72,7 @@ SUM_INTERLEAVE = 4
 # Independent vectors a latency-bound elementwise loop works on at once (`_latency_bound`); the
 # 20-op chain with six transcendental ops measured 29 -> 19 -> 18 us per 4096 elements for 1, 2, 4
 LATENCY_INTERLEAVE = 4
+LOCAL_ALIGN = 64        # a local buffer starts on a cache line (vector loads and stores that do not split)
 LATENCY_FUNCS = frozenset({"exp", "exp_ftz", "log", "log1p", "expm1", "tanh", "erf", "sigmoid", "sin", "cos", "tan", "atan", "asin",
                            "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "pow", "sqrt", "rsqrt",
                            "div", "reciprocal"})
@@ -148,17 +149,20 @@ class ModuleBuilder:
                             ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32, PTR, I64]),
                             lambda fn, _: (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta))
 
-    def panel_gemm_function(self, width: int, bias: bool, relu: bool, m, k, chunked: bool = False) -> ir.Function:
+    def panel_gemm_function(self, width: int, bias: bool, relu: bool, m, k, chunked: bool = False,
+                            bias_rows: bool = False) -> ir.Function:
         """C = A @ B (+ bias, relu) with B packed in panels of `width` columns, A read through a
         window (`panel_gemm.py`), blocked for the target's vector registers; `m`, `k`: this call's
-        rows and reduction (expressions); `chunked`: k walked in chunks that keep a panel's part in L2."""
+        rows and reduction (expressions); `chunked`: k walked in chunks that keep a panel's part in L2;
+        `bias_rows`: a bias per row of C, not per column."""
         lanes = self.target.vector_floats
         rows = panel_rows(lanes, self.target.vector_registers, width)
-        name = panel_gemm_name(width, bias, relu, chunked)
+        name = panel_gemm_name(width, bias, relu, chunked, bias_rows)
         if self.helpers is not None:
             self.helpers.need(name, PanelNeeds(row_blocks(m, rows), streams(k, width)))
         return self._helper(name, ir.FunctionType(ir.VoidType(), PANEL_GEMM_ARGS),
-                            lambda fn, needs: emit_panel_gemm(fn, lanes, rows, width, bias, relu, needs, chunked))
+                            lambda fn, needs: emit_panel_gemm(fn, lanes, rows, width, bias, relu, needs, chunked,
+                                                              bias_rows))
 
     def _helper(self, name: str, fnty: ir.FunctionType, define: Callable) -> ir.Function:
         """A GEMM loop nest kernels call: defined in this module (internal, for every call:
@@ -267,6 +271,12 @@ class KernelEmitter:
         self.fn = body
         self.entry = body.append_basic_block("entry")
         start = body.append_basic_block("start")
+        for buf in k.locals:
+            slot = ir.IRBuilder(self.entry).alloca(MEMORY_TYPES[buf.dtype], size=ir.Constant(I64, math.prod(buf.shape)),
+                                                   name="l_" + _llvm_name(buf.name))
+            slot.align = LOCAL_ALIGN
+            slot.type = PTR      # an opaque pointer, as the parameters are (llvmlite types it float*)
+            self.bufs[buf.name] = slot
         self.b = ir.IRBuilder(start)
         self.at(1, None)
         self.failed = None
@@ -632,7 +642,8 @@ class KernelEmitter:
                  ir.Constant(I64, 0)]
             bias = self._ref_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
             chunked = s.a_rows is not None and chunks_k(norm_dim(s.k), norm_dim(s.k_run), s.b_panels)
-            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m, norm_dim(s.k), chunked),
+            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m, norm_dim(s.k), chunked,
+                                               s.bias_rows),
                    [self._ref_ptr(s.c), self._ref_ptr(s.a), self._ref_ptr(s.b), self.index(s.m),
                     self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window, bias])
             return

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -619,6 +620,7 @@ class GroupLowering:
         self.inputs: dict[int, Buffer] = {}
         self.outputs: dict[int, tuple[Value, Buffer]] = {}
         self.buffers: list[Buffer] = []
+        self.locals: list[Buffer] = []
         self.values: list[Value | None] = []
         self.materialized: dict[int, Callable] = {}
         self.blocks: list[list] = [[]]
@@ -691,6 +693,17 @@ class GroupLowering:
         self.buffers.append(buf)
         self.values.append(None)
         return buf
+
+    def local(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
+        """A buffer of each call's own, on its stack (`Kernel.locals`): for what one iteration of
+        the parallel loop writes and reads, kept in cache for the next iteration of the call."""
+        buf = Buffer(f"loc{len(self.locals)}", dtype, shape, "local")
+        self.locals.append(buf)
+        return buf
+
+    @property
+    def local_bytes(self) -> int:
+        return sum(math.prod(b.shape) * b.dtype.itemsize for b in self.locals)
 
     # -- statements and names
     def fresh(self, prefix: str = "t") -> str:
@@ -1050,7 +1063,7 @@ class GroupLowering:
                 symbols |= free_symbols(d)
         symbols |= index_names(body)
         symbols -= {str(s) for s in self.known if isinstance(s, sympy.Symbol)}
-        kernel = Kernel(self.name, self.buffers, sorted(symbols, key=_natural), body)
+        kernel = Kernel(self.name, self.buffers, sorted(symbols, key=_natural), body, self.locals)
         return LoweredKernel(self.ops, kernel, self.values, self.checks)
 
     def iterate(self, shape, body: Callable[[list], None], outer_only: bool = False, parallel: bool = True,

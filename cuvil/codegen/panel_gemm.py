@@ -25,7 +25,8 @@ runs of the channels, k_run_step = dilation * channels floats apart.
 
 The `.bias` and `.relu` variants finish each block of C in registers before storing it: + bias[j]
 for column j, then relu as C < 0 ? 0 : C (NaN and -0 pass, as in torch and the epilogue loop they
-replace). The plain variant ignores `bias`.
+replace). The plain variant ignores `bias`. The `.rowbias` variant adds bias[i] to row i instead: a
+convolution whose rows of C are its output channels (`conv2d_columns`).
 
 The `.chunked` variant walks k in chunks of whole runs, each chunk's part of a panel at most
 CHUNK_BYTES, over every block of rows before the next chunk: the part stays in L2 while the blocks
@@ -97,8 +98,10 @@ def streams(k, width: int) -> bool:
     return isinstance(k, int) and k * width * 4 > STREAMED_PANEL_BYTES
 
 
-def panel_gemm_name(width: int, bias: bool = False, relu: bool = False, chunked: bool = False) -> str:
-    return f"cuvil.panel_gemm.{width}" + (".chunked" if chunked else "") + (".bias" if bias else "") + \
+def panel_gemm_name(width: int, bias: bool = False, relu: bool = False, chunked: bool = False,
+                    bias_rows: bool = False) -> str:
+    return f"cuvil.panel_gemm.{width}" + (".chunked" if chunked else "") + \
+        ((".rowbias" if bias_rows else ".bias") if bias else "") + \
         (".relu" if relu else "")
 
 
@@ -115,8 +118,9 @@ def _intrinsic(module: ir.Module, name: str, ty: ir.Type, arity: int) -> ir.Func
 
 
 def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bool = False,
-                    relu: bool = False, needs: PanelNeeds | None = None, chunked: bool = False) -> None:
-    """The body of `panel_gemm_name(width, bias, relu, chunked)` (see the module docstring) for
+                    relu: bool = False, needs: PanelNeeds | None = None, chunked: bool = False,
+                    bias_rows: bool = False) -> None:
+    """The body of `panel_gemm_name(width, bias, relu, chunked, bias_rows)` (see the module docstring) for
     `lanes`-wide vectors, with what its callers `needs` (None: every block of rows, for any m, and
     no prefetching). A block's loop left out would run no iterations for those m; each one kept is
     unrolled code LLVM spends time on (12, 4 and 1 rows: 86 ms, 12 and 4: 68, 1 alone: 26)."""
@@ -130,6 +134,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
     c, a, bp, m, n, k, lda, ldc, a_rows, a_rows_stride, k_run, k_run_stride, row_runs, k_run_step, bias_ptr = fn.args
     for p in (c, a, bp, bias_ptr):
         p.add_attribute("noalias")
+    bias_ptr.name = "bias"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     # chains of accumulators for a block of few rows: a single row's FMAs would each wait for the
     # last (a GEMV); `CHAIN_FMAS` independent ones keep both FMA units busy, k split among them
@@ -231,13 +236,17 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
             for r in range(count):
                 for v in range(vectors):
                     b.store(b.fadd(b.load(acc[0][r][v], typ=vec), b.load(acc[h][r][v], typ=vec)), acc[0][r][v])
-        bias_at = b.gep(bias_ptr, [column], inbounds=True, source_etype=F32)
+        bias_at = b.gep(bias_ptr, [first if bias_rows else column], inbounds=True, source_etype=F32)
 
-        def finish(x, at, ty):
-            """The epilogue in registers: x (of type `ty`) + bias at `at`, then relu (after the last
-            chunk only)."""
+        def finish(x, r, at, ty):
+            """The epilogue in registers: x (of type `ty`, at row `r` of the block and column `at`
+            of the panel) + bias at `at` (at `r`: `bias_rows`), then relu (after the last chunk only)."""
             done = x
-            if bias:
+            if bias_rows:
+                one = b.load(b.gep(bias_at, [r], inbounds=True, source_etype=F32), typ=F32, align=4)
+                done = b.fadd(done, one if ty == F32 else b.shuffle_vector(
+                    b.insert_element(undef, one, ir.Constant(I32, 0)), undef, splat_mask))
+            elif bias:
                 done = b.fadd(done, b.load(b.gep(bias_at, [at], inbounds=True, source_etype=F32), typ=ty, align=4))
             if relu:        # x < 0 ? 0 : x, like torch.relu (-0.0 and NaN pass)
                 zero = ir.Constant(ty, None)
@@ -248,7 +257,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
                 for r in range(count):
                     row = b.gep(corner, [b.mul(i64(r), ldc)], inbounds=True, source_etype=F32)
                     for v in range(vectors):
-                        b.store(finish(b.load(acc[0][r][v], typ=vec), i64(v * lanes), vec),
+                        b.store(finish(b.load(acc[0][r][v], typ=vec), i64(r), i64(v * lanes), vec),
                                 b.gep(row, [i64(v * lanes)], inbounds=True, source_etype=F32), align=4)
             with otherwise:      # the last, partial panel: through the stack, then `left` floats a row
                 for r in range(count):
@@ -261,7 +270,7 @@ def emit_panel_gemm(fn: ir.Function, lanes: int, rows: int, width: int, bias: bo
                                  for base, stride in ((corner, ldc), (tile_floats, i64(width))))
                     # one scalar loop for every row count: once per call, not worth vectorising
                     for_range(b, i64(0), left, i64(1), "j", lambda j: b.store(
-                        finish(b.load(b.gep(kept, [j], inbounds=True, source_etype=F32), typ=F32), j, F32),
+                        finish(b.load(b.gep(kept, [j], inbounds=True, source_etype=F32), typ=F32), r, j, F32),
                         b.gep(row, [j], inbounds=True, source_etype=F32)),
                         ("llvm.loop.vectorize.width", 1), ("llvm.loop.unroll.disable",))
                 for_range(b, i64(0), i64(count), i64(1), "r", copy_row, ("llvm.loop.unroll.disable",))
