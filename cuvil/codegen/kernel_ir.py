@@ -517,11 +517,13 @@ class Kernel:
     `bufs[i]` is `buffers[i]`. `locals` are buffers of role "local", not parameters: each call of
     the function (a thread's range of the parallel loop) has its own, on its stack, of a size
     known at compile time, so that the iterations of one call reuse one copy while it is in cache
-    (a scratch buffer has a region per iteration, all of them in the arena). A kernel with a parallel loop is *splittable*: it gets
-    `dims = [begin, end, *dim_values]` and runs iterations [begin, end) of `0..parallel_extent`
-    (relative to the loop's start). Any other kernel gets `dims = dim_values`. `dim_values` are the
-    values of `dim_exprs`: the symbols in order, then, for a splittable kernel, the parallel
-    extent (so the runtime finds the range to split among the dims it passes).
+    (a scratch buffer has a region per iteration, all of them in the arena).
+
+    A kernel with a parallel loop is *splittable*: it gets `dims = [begin, end, *dim_values]` and
+    runs iterations [begin, end) of `0..parallel_extent` (relative to the loop's start). Any other
+    kernel gets `dims = dim_values`. `dim_values` are the values of `dim_exprs`: the symbols in
+    order, then, for a splittable kernel, the parallel extent (so the runtime finds the range to
+    split among the dims it passes).
     """
     name: str
     buffers: list

@@ -725,7 +725,8 @@ def conv2d_im2col(lw, op):
             v = _masked_value(lw, x, _image(op.attrs["layout"], n, g * cin_g + c, ih, iw), mask,
                               const(0.0, DType.f32))
             k = ((kh * KW + kw) * cin_g + c) if nhwc else ((c * KH + kh) * KW + kw)
-            lw.emit(Store(col, [slot(q), (rr * OW + ow) * K + k if rows_of_channels else k * positions + rr * OW + ow], v))
+            at = (rr * OW + ow) * K + k if rows_of_channels else k * positions + rr * OW + ow
+            lw.emit(Store(col, [slot(q), at], v))
         if rows_of_channels:
             _loops(lw, ["rr", "ow", "kh", "kw", "c"], [count, OW, KH, KW, cin_g],
                    lambda rr, ow, kh, kw, c: gather(rr, ow, c, kh, kw))

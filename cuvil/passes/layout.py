@@ -30,7 +30,9 @@ slices between them, along which conversions sink and meet. A region with a dens
 1.6x faster in NHWC) or a pool converts, as does one that meets the model's own permutes to or
 from channels last (ConvNeXt's), whose conversions cancel. A region of depthwise convolutions
 alone converts only where their gain pays for the conversions at its edges (`_region_pays`): a
-lone depthwise convolution between NCHW tensors ran 1.7x faster left in NCHW.
+lone depthwise convolution between NCHW tensors ran 1.7x faster left in NCHW. Inside a converted
+region, a convolution with few output channels (an RGB stem), which runs faster in NCHW along its
+image rows, stays there with the pools after it where no NHWC op reads them (`_staying_nchw`).
 """
 from __future__ import annotations
 
@@ -110,9 +112,10 @@ class LayoutPass(ModulePass):
             for members in _regions(fn, ops):
                 pays, why = (True, "convert-all") if self.convert_all else _region_pays(members)
                 regions["converted" if pays else "kept"] += 1
-                listed = ["%" + names[op.result] for op in members if id(op) in image and not (pays and id(op) in staying)]
+                stays = [op for op in members if pays and id(op) in staying]
+                listed = ["%" + names[op.result] for op in members if id(op) in image and op not in stays]
                 decisions.append({"ops": listed, "layout": "nhwc" if pays else "nchw", "why": why})
-                inside = ["%" + names[op.result] for op in members if pays and id(op) in staying]
+                inside = ["%" + names[op.result] for op in stays]
                 if inside:
                     decisions.append({"ops": inside, "layout": "nchw", "why": STAYING_WHY})
                 if pays:
