@@ -269,18 +269,49 @@ def columns_pay(op: Operation) -> bool:
             and out_ch <= COLUMNS_MAX_OUT and cin_g * kh * kw <= COLUMNS_MAX_REDUCTION
             and isinstance(ow, int) and ow % COLUMNS_RUN == 0 and op.operands[0].type.dtype == DType.f32):
         return False
-    return sum(math.prod(shape) for shape in _columns_locals(op, max(PANEL_WIDTHS)).values()) * 4 <= LOCAL_MAX_BYTES
+    return _columns_fit(op, None)
 
 
-def _columns_locals(op: Operation, width: int) -> dict[str, tuple[int, ...]]:
-    """The shapes of `conv2d_columns`'s local buffers: a tile's zero-padded input planes, and its
-    panels of col at the given panel width."""
+def _columns_fit(op: Operation, pool: Operation | None) -> bool:
+    return sum(math.prod(shape) for shape in _columns_locals(op, max(PANEL_WIDTHS), pool).values()) * 4 \
+        <= LOCAL_MAX_BYTES
+
+
+POOLS_IN_TILES = ("cuvil.max_pool2d", "cuvil.avg_pool2d")
+
+
+def pools_in_tiles(conv: Operation, pool: Operation) -> bool:
+    """Whether `pool`, reading `conv`'s product (or elementwise ops of it), can run in the
+    epilogue of `conv2d_columns`: its windows neither overlap nor reach into padding, and the tiles
+    of output rows hold them whole (rounded down to whole windows: `_columns_tile_rows`), with
+    the tile's product in a local buffer beside the planes and panels. The product then never goes
+    to memory: a small CNN's stem writes a quarter of it (its 2x2 max pool's output)."""
+    if conv.name != "cuvil.conv2d" or pool.name not in POOLS_IN_TILES or conv_algorithm(conv) != "columns" \
+            or pool.attrs["layout"] != "nchw" or pool.attrs["ceil_mode"]:
+        return False
+    kernel, stride, padding, dilation = _window_attrs(pool)
+    return kernel == stride and padding == (0, 0) and dilation == (1, 1) and _columns_fit(conv, pool)
+
+
+def _columns_tile_rows(op: Operation, pool: Operation | None) -> int:
+    """Output rows per tile of `conv2d_columns`: whole windows of a pool in its epilogue."""
+    rows = _tile_rows(*op.result.type.shape[2:])
+    window = 1 if pool is None else _window_attrs(pool)[0][0]
+    return max(window, rows - rows % window)
+
+
+def _columns_locals(op: Operation, width: int, pool: Operation | None) -> dict[str, tuple[int, ...]]:
+    """The shapes of `conv2d_columns`'s local buffers: a tile's zero-padded input planes, its
+    panels of col at the given panel width, and with a pool in the epilogue its product."""
     (sh, _), _, (dh, _), _ = _conv_attrs(op)
-    _, C, KH, KW = _conv_weight_dims(op)
+    OC, C, KH, KW = _conv_weight_dims(op)
     OW = op.result.type.shape[3]
-    tile_rows = _tile_rows(op.result.type.shape[2], OW)
+    tile_rows = _columns_tile_rows(op, pool)
     in_rows, Wp = (tile_rows - 1) * sh + (KH - 1) * dh + 1, OW - 1 + KW
-    return {"planes": (C, in_rows * Wp), "col": (-(-(tile_rows * OW) // width), C * KH * KW, width)}
+    shapes = {"planes": (C, in_rows * Wp), "col": (-(-(tile_rows * OW) // width), C * KH * KW, width)}
+    if pool is not None:
+        shapes["product"] = (OC, tile_rows * OW)
+    return shapes
 
 
 def conv2d_columns(lw, op):
@@ -293,23 +324,29 @@ def conv2d_columns(lw, op):
     needs a broadcast of its own: it runs at the load rate. Here a 6 x 64 block of C takes 6
     broadcasts and 4 vector loads for 24 FMAs. The planes and the panels are the call's own
     (`Lowering.local`): tile after tile reuses them in L1 (a region per tile went to L3 and back:
-    the packing took as long as the GEMM)."""
+    the packing took as long as the GEMM). A pool in the group (`pools_in_tiles`) runs over the
+    tile's product, which then is the call's own too: only the pooled output is stored."""
     _require_f32(op)
     (sh, _), (ph, pw), (dh, _), _ = _conv_attrs(op)
     x, w = op.operands[:2]
-    T = _raw_buffer(lw, op)
-    _materialize(lw, op, T, 1)
     N, C = x.type.shape[:2]
     OC, _, KH, KW = _conv_weight_dims(op)
     OH, OW = op.result.type.shape[2:]
-    tile_rows = _tile_rows(OH, OW)
+    pool = next((u for u in lw.ops[lw.ops.index(op) + 1:] if u.name in POOLS_IN_TILES), None)
+    tile_rows = _columns_tile_rows(op, pool)
     span_h, Wp = (KH - 1) * dh + 1, OW - 1 + KW
     width = panel_width(tile_rows * OW, lw.widest_panel)
     run = OW if width % OW == 0 else COLUMNS_RUN      # positions in one panel and one plane row
-    shapes = _columns_locals(op, width)
+    shapes = _columns_locals(op, width, pool)
     planes, col = lw.local(DType.f32, shapes["planes"]), lw.local(DType.f32, shapes["col"])
-    in_registers = _register_epilogue(lw, op, T)
-    epilogue = _gemm_epilogue(in_registers, 0)
+    if pool is None:
+        T = _raw_buffer(lw, op)
+        _materialize(lw, op, T, 1)
+        in_registers = _register_epilogue(lw, op, T)
+        epilogue = _gemm_epilogue(in_registers, 0)
+    else:
+        T = lw.local(DType.f32, shapes["product"])
+        epilogue, held = _pooled_epilogue(lw, op)
     if epilogue.get("bias") is not None:        # a bias per output channel: per row of C
         epilogue["bias_rows"] = True
 
@@ -330,9 +367,39 @@ def conv2d_columns(lw, op):
         if pad != 0:
             lw.loop("k", C * KH * KW, lambda k: lw.loop("j", pad, lambda j: lw.emit(Store(
                 col, [floor_div(used, width, lw.known), k, width - pad + j], const(0.0, DType.f32)))))
-        lw.emit(Gemm(BufRef(T, n * OC * OH * OW + first * OW), BufRef(lw.inputs[id(w)], 0), BufRef(col, 0),
-                     OC, used, C * KH * KW, C * KH * KW, 0, OH * OW, b_panels=width, **epilogue))
-    _conv_tiles(lw, op, T, N, 1, OH, OW, body, tile_rows, epilogue=in_registers is None or not in_registers.whole)
+        if pool is None:
+            lw.emit(Gemm(BufRef(T, n * OC * OH * OW + first * OW), BufRef(lw.inputs[id(w)], 0), BufRef(col, 0),
+                         OC, used, C * KH * KW, C * KH * KW, 0, OH * OW, b_panels=width, **epilogue))
+            return
+        lw.emit(Gemm(BufRef(T, 0), BufRef(lw.inputs[id(w)], 0), BufRef(col, 0),
+                     OC, used, C * KH * KW, C * KH * KW, 0, tile_rows * OW, b_panels=width, **epilogue))
+
+        def at(idx):        # the product's index -> the tile's
+            return [idx[1], (sympy.sympify(idx[2]) - first) * OW + idx[3]]
+        if held:
+            for v in held:
+                lw.materialized[id(v)] = lambda idx: Load(T, at(idx))
+        else:
+            _materialize(lw, op, T, 1, at)
+        (wh, ww), _, _, _ = _window_attrs(pool)
+        _epilogue(lw, [(n, 1), (0, OC), (floor_div(first, wh, lw.known), floor_div(count, wh, lw.known)),
+                       (0, OW // ww)])
+    _conv_tiles(lw, op, T, N, 1, OH, OW, body, tile_rows,
+                epilogue=pool is None and (in_registers is None or not in_registers.whole))
+
+
+def _pooled_epilogue(lw, op) -> tuple[dict, list]:
+    """For `conv2d_columns` with a pool in its group: the Gemm's epilogue fields (the bias, and a
+    relu that is the product's one reader, in registers) and the values the tile's product then
+    holds; none where the bias is not a vector the kernel reads (the loops add it)."""
+    fits, buf = _bias_vector(lw, op)
+    if not fits:
+        return {}, []
+    readers = {id(u): u for u in op.result.uses}
+    relu = next(iter(readers.values())) if len(readers) == 1 else None
+    relu = relu if relu is not None and relu.name == "cuvil.relu" else None
+    fields = {"bias": None if buf is None else BufRef(buf, 0), "relu": relu is not None}
+    return fields, [op.result] + ([relu.result] if relu is not None else [])
 
 
 def conv2d_direct(lw, op, idx):
@@ -382,11 +449,13 @@ def _require_f32(op, operands=None):
             raise CuvilUnsupportedOpError(op.name, detail=f"the native GEMM path is f32 only, got {v.type}")
 
 
-def _materialize(lw, op, T, bias_dim: int | None):
+def _materialize(lw, op, T, bias_dim: int | None, at=lambda idx: idx):
+    """How the group reads `op`'s result: from T, at `at` of its index (a tile's own buffer), with
+    the bias along `bias_dim` added."""
     bias = op.operands[2] if len(op.operands) > 2 else None
 
     def value(idx):
-        e = Load(T, idx)
+        e = Load(T, at(idx))
         if bias is not None:
             e = call("add", e, cast(lw.value(bias, [idx[bias_dim]]), DType.f32))
         return e
@@ -410,6 +479,15 @@ def _gemm_epilogue(in_registers: RegisterEpilogue | None, first_column) -> dict:
     return {"bias": bias, "relu": in_registers.relu}
 
 
+def _bias_vector(lw, op) -> tuple[bool, Buffer | None]:
+    """Whether the microkernel can add `op`'s bias in registers (none, or a contiguous f32 vector
+    the kernel reads), and that vector's buffer."""
+    bias = op.operands[2] if len(op.operands) > 2 else None
+    buf = None if bias is None else lw.inputs.get(id(bias))
+    fits = bias is None or (buf is not None and buf.dtype == DType.f32 and buf.rank == 1 and buf.strides is None)
+    return fits, buf
+
+
 def _register_epilogue(lw, op, T) -> RegisterEpilogue | None:
     """What of the epilogue of `op`'s product the panel microkernel applies in registers: all of it
     where the group's ops after `op` are none or one relu and its one output is written into T;
@@ -417,9 +495,8 @@ def _register_epilogue(lw, op, T) -> RegisterEpilogue | None:
     of the output, which then read the product with its bias from T. A bias must be a contiguous
     f32 vector the kernel reads (else None: all in the loops). Kernels whose epilogues differ past
     the bias so call one GEMM routine, which LLVM compiles once for them all (`SharedHelpers`)."""
-    bias = op.operands[2] if len(op.operands) > 2 else None
-    buf = None if bias is None else lw.inputs.get(id(bias))
-    if bias is not None and (buf is None or buf.dtype != DType.f32 or buf.rank != 1 or buf.strides is not None):
+    fits, buf = _bias_vector(lw, op)
+    if not fits:
         return None
     if buf is not None:         # the product in T has its bias
         lw.materialized[id(op.result)] = lambda idx: Load(T, idx)

@@ -44,7 +44,7 @@ from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, flo
                          modulo, reshape_groups, tile_extent)
 from .kernel_ir import (Buffer, Check, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
-from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands
+from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands, pools_in_tiles
 from .reductions import (LANE_TILE, MIN_LANES, REDUCTION_BODIES, REDUCTION_EPILOGUES, ColumnLanes,
                          reduction_space)
 from .scalar_ops import call, cast, const
@@ -278,8 +278,13 @@ def group_legality(fn: Function, ops: list[Operation]) -> Refusal | None:
     if isinstance(frames, Refusal):
         return frames
     shape = root.result.type.shape
+    pooled = any(isinstance(f, Windowed) for f in frames.values())
     for v in group_outputs(fn, ops):
-        want = permuted(shape, frames.get(id(v)))
+        if pooled and not isinstance(frames.get(id(v)), Windowed):
+            return Refusal("gemm-epilogue", f"{root.name}'s epilogue pools its product, which it then does not "
+                                            f"store: {v.owner.name}'s result, of the product's shape, is read "
+                                            f"outside the group")
+        want = frame_shape(shape, frames.get(id(v)))
         if not _same_shape(v.type.shape, want):
             return Refusal("shape", f"shape {shape_text(v.type.shape)} vs {shape_text(want)}: an output of "
                                     f"{v.owner.name} differs from the shape of {root.name}'s epilogue")
@@ -290,13 +295,27 @@ def permuted(shape, perm: tuple | None) -> list:
     return list(shape) if perm is None else [shape[k] for k in perm]
 
 
+@dataclass(frozen=True)
+class Windowed:
+    """The frame of values a GEMM-based op's epilogue computes per window of a pool over its
+    product, which its tiles hold whole (`library.pools_in_tiles`): indexed as the pool's result."""
+    shape: tuple
+
+
+def frame_shape(shape, frame) -> list:
+    """The shape of the values of frame `frame` after a product of shape `shape`."""
+    return list(frame.shape) if isinstance(frame, Windowed) else permuted(shape, frame)
+
+
 def epilogue_frames(root: Operation, members: set[int]) -> dict[int, tuple | None] | Refusal:
     """How each value after a GEMM-based `root` in its group is indexed (id -> frame), or why the
     group's epilogue cannot compute it. Frame None: at the product's own index (elementwise ops of
     its shape). A permutation `perm`: at the product's index permuted, behind one permute view of
     a linear's product that makes the rows' last dim the last (an NHWC linear's result converted to
     NCHW and added to the residual, ConvNeXt's block's end); the group then stores those outputs
-    transposed (`library._transposed_epilogue`) and needs that dim static."""
+    transposed (`library._transposed_epilogue`) and needs that dim static. `Windowed`: at the index
+    of one pool's result, a pool whose windows the convolution's tiles hold whole (a CNN's stem's
+    2x2 max pool), and of elementwise ops after it."""
     shape = root.result.type.shape
     frames: dict[int, tuple | None] = {id(root.result): None}
     stack = [root.result]
@@ -308,8 +327,13 @@ def epilogue_frames(root: Operation, members: set[int]) -> dict[int, tuple | Non
                 continue
             if u.name == "cuvil.permute" and frame is None and _stores_transposed(root, u):
                 new = tuple(u.attrs["perm"])
-            elif op_kind(u) == "elementwise" and _same_shape(u.results[0].type.shape, permuted(shape, frame)):
+            elif op_kind(u) == "elementwise" and _same_shape(u.results[0].type.shape, frame_shape(shape, frame)):
                 new = frame
+            elif frame is None and pools_in_tiles(root, u):
+                if any(isinstance(f, Windowed) for f in frames.values()):
+                    return Refusal("gemm-epilogue", f"{root.name}'s epilogue runs one pool over its product, "
+                                                    f"not two")
+                new = Windowed(tuple(u.results[0].type.shape))
             elif u.name == "cuvil.permute" and root.name == "cuvil.linear":
                 return Refusal("gemm-epilogue", f"{u.name} reads the result of {root.name} in its epilogue, which "
                                                 f"stores a permute of the product only where it puts the rows' "
@@ -326,7 +350,7 @@ def epilogue_frames(root: Operation, members: set[int]) -> dict[int, tuple | Non
                 continue
             frames[id(r)] = new
             stack.append(r)
-    if len({f for f in frames.values() if f is not None}) > 1:
+    if len({f for f in frames.values() if isinstance(f, tuple)}) > 1:
         return Refusal("gemm-epilogue", f"{root.name}'s epilogue stores its product in two permuted orders")
     return frames
 
@@ -637,7 +661,7 @@ class GroupLowering:
         # outputs a GEMM's epilogue stores at its product's index permuted (`epilogue_frames`)
         root = next((op for op in self.ops if op_kind(op) == "library"), None)
         frames = epilogue_frames(root, self.members) if root is not None else {}
-        self.store_perm: dict[int, tuple] = {i: frames[i] for i in self.outputs if frames.get(i)}
+        self.store_perm: dict[int, tuple] = {i: frames[i] for i in self.outputs if isinstance(frames.get(i), tuple)}
 
     # -- buffers
     def _collect_buffers(self) -> None:

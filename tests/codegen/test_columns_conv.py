@@ -168,3 +168,91 @@ def test_a_stem_whose_result_is_returned_stays_nchw_and_a_residual_one_converts(
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     stats = next(p["statistics"] for p in compiled.report.passes if p["name"] == "layout")
     assert stats["kept"] == {} and stats["converted"] == {"conv2d": 2}
+
+
+# a pool over the product in the epilogue (`library.pools_in_tiles`): (in, out channels, image,
+# pool, kernel, stride of the pool, bias); every one's tiles rounded to whole windows
+POOLED = {
+    "stem": (3, 16, (32, 32), "cuvil.max_pool2d", 2, True),      # the small CNN's: tiles of 8 rows
+    "odd": (2, 5, (31, 48), "cuvil.avg_pool2d", 2, True),        # 31 rows (floor), tiles of 5 -> 4 rows
+    "wide": (2, 4, ("s1", 256), "cuvil.max_pool2d", 2, False),   # tiles of 1 row -> 2; a symbolic height
+    "three": (3, 8, (12, 48), "cuvil.max_pool2d", 3, True),      # 3x3 windows: tiles of 5 -> 3 rows
+}
+
+
+def _pooled_graph(name, c, oc, image, pool, k, bias):
+    def build(b, x, w, *bi):
+        y = b("cuvil.conv2d", x, w, *bi, padding=[1, 1])
+        y = b("cuvil.relu", y) if pool == "cuvil.max_pool2d" else y
+        y = b(pool, y, kernel=[k, k])
+        return b("cuvil.relu", y) if pool == "cuvil.avg_pool2d" else y      # an elementwise op after the pool
+    return Graph(f"pooled_{name}", build, [T("s0", c, *image), T(oc, c, 3, 3)] + ([T(oc)] if bias else []))
+
+
+POOLED_GRAPHS = {name: _pooled_graph(name, *cfg) for name, cfg in POOLED.items()}
+
+
+@pytest.fixture(scope="module")
+def pooled():
+    return compile_graphs(POOLED_GRAPHS.values())
+
+
+def _pooled_reference(x, w, bias, pool, k):
+    y = F.conv2d(x.double(), w.double(), None if bias is None else bias.double(), 1, 1)
+    if pool == "cuvil.max_pool2d":
+        return F.max_pool2d(F.relu(y), k).float()
+    return F.relu(F.avg_pool2d(y, k)).float()
+
+
+@pytest.mark.parametrize("name", POOLED)
+def test_a_pool_runs_in_the_epilogue_over_the_tiles_product(pooled, name):
+    c, oc, (h, w_), pool, k, has_bias = POOLED[name]
+    g = POOLED_GRAPHS[name]
+    (kernel,) = g.kernels      # the convolution, its pool and what follows: one kernel
+    # the product is the call's own (beside the planes and the panels); only the pooled result is stored
+    assert [b.role for b in kernel.locals] == ["local"] * 3
+    (out,) = [b for b in kernel.buffers if b.role == "out"]
+    assert out.shape[1:] == g.fn.return_op.operands[0].type.shape[1:]
+    text = print_kernels([kernel])
+    (gemm,) = [line.strip() for line in text.splitlines() if line.strip().startswith("gemm")]
+    assert gemm.startswith("gemm c=%loc2[0]") and ("relu=true" in gemm) == (pool == "cuvil.max_pool2d")
+    w, bias = rand(oc, c, 3, 3, seed=7), (rand(oc, seed=8) if has_bias else None)
+    for n, rows, split in ((1, 32, 1), (3, 21, 2), (2, 9, 5)):
+        x = rand(n, c, rows if h == "s1" else h, w_)
+        args = (x, w) + ((bias,) if has_bias else ())
+        torch.testing.assert_close(run(g, pooled, *args, split=split), _pooled_reference(x, w, bias, pool, k),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pool, reason", [
+    (nn.MaxPool2d(3, 2, 1), "sees only the block of the product"),      # overlapping windows, padding
+    (nn.MaxPool2d(2, ceil_mode=True), "sees only the block of the product"),
+])
+def test_pools_whose_windows_the_tiles_cannot_hold_stay_out(pool, reason):
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), pool).eval()
+    x = torch.randn(2, 3, 16, 32)
+    stats = next(p["statistics"] for p in cuvil.explain(model, x).passes if p["name"] == "fuse")
+    groups = [g["summary"] for g in stats["fusion"]["groups"]]
+    assert groups == ["conv2d + relu", "max_pool2d"]
+    assert any(reason in r["reason"] for r in stats["fusion"]["refused"] if r["candidate_name"] == "cuvil.relu")
+    compiled = cuvil.compile(model)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_pooled_product_read_elsewhere_is_not_pooled_in_the_epilogue():
+    class Both(nn.Module):      # the relu's result is returned as well as pooled
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            return y, F.max_pool2d(y, 2)
+    model, x = Both().eval(), torch.randn(2, 3, 16, 32)
+    stats = next(p["statistics"] for p in cuvil.explain(model, x).passes if p["name"] == "fuse")
+    assert [g["summary"] for g in stats["fusion"]["groups"]] == ["conv2d + relu", "max_pool2d"]
+    compiled = cuvil.compile(model)
+    with torch.no_grad():
+        for got, want in zip(compiled(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
