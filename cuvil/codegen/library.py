@@ -280,17 +280,30 @@ def _columns_fit(op: Operation, pool: Operation | None) -> bool:
 POOLS_IN_TILES = ("cuvil.max_pool2d", "cuvil.avg_pool2d")
 
 
-def pools_in_tiles(conv: Operation, pool: Operation) -> bool:
-    """Whether `pool`, reading `conv`'s product (or elementwise ops of it), can run in the
-    epilogue of `conv2d_columns`: its windows neither overlap nor reach into padding, and the tiles
-    of output rows hold them whole (rounded down to whole windows: `_columns_tile_rows`), with
-    the tile's product in a local buffer beside the planes and panels. The product then never goes
-    to memory: a small CNN's stem writes a quarter of it (its 2x2 max pool's output)."""
-    if conv.name != "cuvil.conv2d" or pool.name not in POOLS_IN_TILES or conv_algorithm(conv) != "columns" \
-            or pool.attrs["layout"] != "nchw" or pool.attrs["ceil_mode"]:
-        return False
+def pool_in_tiles_problem(conv: Operation, pool: Operation) -> str | None:
+    """Why `pool`, reading `conv`'s product (or elementwise ops of it), cannot run in the epilogue
+    of `conv2d_columns`; None when it can: its windows neither overlap nor reach into padding, and
+    the tiles of output rows hold them whole (rounded down to whole windows: `_columns_tile_rows`),
+    with the tile's product in a local buffer beside the planes and panels. The product then never
+    goes to memory: a small CNN's stem writes a quarter of it (its 2x2 max pool's output)."""
+    if conv.name != "cuvil.conv2d" or conv_algorithm(conv) != "columns":
+        return (f"only a convolution computed along its output rows (NCHW, at most {COLUMNS_MAX_OUT} output "
+                f"channels: conv2d_columns) pools in its epilogue")
+    kind = pool.name.split(".")[-1]
+    if pool.name not in POOLS_IN_TILES or pool.attrs["layout"] != conv.attrs["layout"]:
+        return f"{kind}'s windows are not whole in tiles of the convolution's output rows"
     kernel, stride, padding, dilation = _window_attrs(pool)
-    return kernel == stride and padding == (0, 0) and dilation == (1, 1) and _columns_fit(conv, pool)
+    if kernel != stride:
+        problem = f"{kind}'s windows {'overlap' if kernel > stride else 'skip rows'} (kernel {kernel}, stride {stride})"
+    elif padding != (0, 0) or pool.attrs["ceil_mode"]:
+        problem = f"{kind}'s windows reach past the image (padding {padding}, ceil_mode {pool.attrs['ceil_mode']})"
+    elif dilation != (1, 1):
+        problem = f"{kind}'s windows are dilated ({dilation})"
+    elif not _columns_fit(conv, pool):
+        problem = f"a tile's product with its planes and panels would pass {LOCAL_MAX_BYTES >> 10} KB"
+    else:
+        return None
+    return f"{problem}: the convolution's tiles cannot hold them whole"
 
 
 def _columns_tile_rows(op: Operation, pool: Operation | None) -> int:
@@ -324,7 +337,7 @@ def conv2d_columns(lw, op):
     needs a broadcast of its own: it runs at the load rate. Here a 6 x 64 block of C takes 6
     broadcasts and 4 vector loads for 24 FMAs. The planes and the panels are the call's own
     (`Lowering.local`): tile after tile reuses them in L1 (a region per tile went to L3 and back:
-    the packing took as long as the GEMM). A pool in the group (`pools_in_tiles`) runs over the
+    the packing took as long as the GEMM). A pool in the group (`pool_in_tiles_problem`) runs over the
     tile's product, which then is the call's own too: only the pooled output is stored."""
     _require_f32(op)
     (sh, _), (ph, pw), (dh, _), _ = _conv_attrs(op)

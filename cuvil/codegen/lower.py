@@ -44,7 +44,7 @@ from .index_math import (TRANSPOSE_TILE, Bounds, broadcast_index, decompose, flo
                          modulo, reshape_groups, tile_extent)
 from .kernel_ir import (Buffer, Check, Const, Expr, Index, Kernel, Let, Load, Loop, Range, Reduce, Store, Var,
                         compute_dtype, free_symbols, identity, index_names, loop_var, stamp)
-from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands, pools_in_tiles
+from .library import LIBRARY, WINDOW_OPS, classify, gathered_operands, pool_in_tiles_problem
 from .reductions import (LANE_TILE, MIN_LANES, REDUCTION_BODIES, REDUCTION_EPILOGUES, ColumnLanes,
                          reduction_space)
 from .scalar_ops import call, cast, const
@@ -298,7 +298,7 @@ def permuted(shape, perm: tuple | None) -> list:
 @dataclass(frozen=True)
 class Windowed:
     """The frame of values a GEMM-based op's epilogue computes per window of a pool over its
-    product, which its tiles hold whole (`library.pools_in_tiles`): indexed as the pool's result."""
+    product, which its tiles hold whole (`library.pool_in_tiles_problem`): indexed as the pool's result."""
     shape: tuple
 
 
@@ -329,7 +329,11 @@ def epilogue_frames(root: Operation, members: set[int]) -> dict[int, tuple | Non
                 new = tuple(u.attrs["perm"])
             elif op_kind(u) == "elementwise" and _same_shape(u.results[0].type.shape, frame_shape(shape, frame)):
                 new = frame
-            elif frame is None and pools_in_tiles(root, u):
+            elif frame is None and u.name in WINDOW_OPS and u.name != "cuvil.conv2d":
+                problem = pool_in_tiles_problem(root, u)
+                if problem is not None:
+                    return Refusal("gemm-epilogue", f"{u.name} reads the result of {root.name} in its epilogue: "
+                                                    f"{problem}")
                 if any(isinstance(f, Windowed) for f in frames.values()):
                     return Refusal("gemm-epilogue", f"{root.name}'s epilogue runs one pool over its product, "
                                                     f"not two")

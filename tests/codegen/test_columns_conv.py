@@ -170,7 +170,7 @@ def test_a_stem_whose_result_is_returned_stays_nchw_and_a_residual_one_converts(
     assert stats["kept"] == {} and stats["converted"] == {"conv2d": 2}
 
 
-# a pool over the product in the epilogue (`library.pools_in_tiles`): (in, out channels, image,
+# a pool over the product in the epilogue (`library.pool_in_tiles_problem`): (in, out channels, image,
 # pool, kernel, stride of the pool, bias); every one's tiles rounded to whole windows
 POOLED = {
     "stem": (3, 16, (32, 32), "cuvil.max_pool2d", 2, True),      # the small CNN's: tiles of 8 rows
@@ -224,17 +224,22 @@ def test_a_pool_runs_in_the_epilogue_over_the_tiles_product(pooled, name):
                                    rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("pool, reason", [
-    (nn.MaxPool2d(3, 2, 1), "sees only the block of the product"),      # overlapping windows, padding
-    (nn.MaxPool2d(2, ceil_mode=True), "sees only the block of the product"),
+@pytest.mark.parametrize("conv, pool, reason", [
+    (nn.Conv2d(3, 16, 3, padding=1), nn.MaxPool2d(3, 2, 1),
+     "max_pool2d's windows overlap (kernel (3, 3), stride (2, 2))"),
+    (nn.Conv2d(3, 16, 3, padding=1), nn.MaxPool2d(2, ceil_mode=True),
+     "max_pool2d's windows reach past the image (padding (0, 0), ceil_mode True)"),
+    (nn.Conv2d(3, 16, 3, padding=1), nn.AdaptiveAvgPool2d(3), "adaptive_avg_pool2d's windows are not whole in tiles"),
+    (nn.Conv2d(3, 32, 3, padding=1), nn.MaxPool2d(2), "only a convolution computed along its output rows"),   # NHWC
 ])
-def test_pools_whose_windows_the_tiles_cannot_hold_stay_out(pool, reason):
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), pool).eval()
+def test_pools_whose_windows_the_tiles_cannot_hold_stay_out_and_say_why(conv, pool, reason):
+    model = nn.Sequential(conv, nn.ReLU(), pool).eval()
     x = torch.randn(2, 3, 16, 32)
     stats = next(p["statistics"] for p in cuvil.explain(model, x).passes if p["name"] == "fuse")
-    groups = [g["summary"] for g in stats["fusion"]["groups"]]
-    assert groups == ["conv2d + relu", "max_pool2d"]
-    assert any(reason in r["reason"] for r in stats["fusion"]["refused"] if r["candidate_name"] == "cuvil.relu")
+    pooled = [g["summary"] for g in stats["fusion"]["groups"] if "conv2d" in g["summary"]]
+    assert pooled and not any("pool" in summary for summary in pooled)
+    (refusal,) = [r for r in stats["fusion"]["refused"] if r["candidate_name"] == "cuvil.relu"]
+    assert refusal["rule"] == "gemm-epilogue" and reason in refusal["reason"], refusal
     compiled = cuvil.compile(model)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
