@@ -20,7 +20,9 @@ ones, the panel GEMM along the output rows for NCHW ones with few output channel
 RGB stem the `layout` pass left in NCHW), a direct kernel when the reduction per output element is
 small (in_channels/groups * kh * kw <= 16), im2col + GEMM otherwise. What one parallel tile copies
 (a padded input, im2col's columns) goes in the call's own local buffer where it fits
-(`_per_item`).
+(`_per_item`). A max or average pool whose windows the tiles of an implicit GEMM or of a
+convolution along its rows hold whole runs in the epilogue, over the tile's product in a local
+buffer (`pool_in_tiles_problem`).
 """
 from __future__ import annotations
 
@@ -278,17 +280,19 @@ def _columns_fit(op: Operation, pool: Operation | None) -> bool:
 
 
 POOLS_IN_TILES = ("cuvil.max_pool2d", "cuvil.avg_pool2d")
+POOLING_CONVS = ("columns", "implicit")     # conv_algorithm's that can pool in the epilogue
 
 
 def pool_in_tiles_problem(conv: Operation, pool: Operation) -> str | None:
     """Why `pool`, reading `conv`'s product (or elementwise ops of it), cannot run in the epilogue
-    of `conv2d_columns`; None when it can: its windows neither overlap nor reach into padding, and
-    the tiles of output rows hold them whole (rounded down to whole windows: `_columns_tile_rows`),
-    with the tile's product in a local buffer beside the planes and panels. The product then never
-    goes to memory: a small CNN's stem writes a quarter of it (its 2x2 max pool's output)."""
-    if conv.name != "cuvil.conv2d" or conv_algorithm(conv) != "columns":
-        return (f"only a convolution computed along its output rows (NCHW, at most {COLUMNS_MAX_OUT} output "
-                f"channels: conv2d_columns) pools in its epilogue")
+    of a convolution computed over tiles of its output rows (`conv2d_columns`, `conv2d_implicit`);
+    None when it can: its windows neither overlap nor reach into padding, and the tiles hold them
+    whole (rounded down to whole windows: `_pooled_tile_rows`), with the tile's product in a local
+    buffer. The product then never goes to memory: a small CNN's stem writes a quarter of it (its
+    2x2 max pool's output)."""
+    if conv.name != "cuvil.conv2d" or conv_algorithm(conv) not in POOLING_CONVS:
+        return ("only a convolution computed over tiles of its output rows (an implicit GEMM, or along its rows) "
+                "pools in its epilogue")
     kind = pool.name.split(".")[-1]
     if pool.name not in POOLS_IN_TILES or pool.attrs["layout"] != conv.attrs["layout"]:
         return f"{kind}'s windows are not whole in tiles of the convolution's output rows"
@@ -299,31 +303,55 @@ def pool_in_tiles_problem(conv: Operation, pool: Operation) -> str | None:
         problem = f"{kind}'s windows reach past the image (padding {padding}, ceil_mode {pool.attrs['ceil_mode']})"
     elif dilation != (1, 1):
         problem = f"{kind}'s windows are dilated ({dilation})"
-    elif not _columns_fit(conv, pool):
-        problem = f"a tile's product with its planes and panels would pass {LOCAL_MAX_BYTES >> 10} KB"
+    elif not isinstance(_output_size(conv)[1], int):
+        problem = "the output's rows have no static width, so neither has a tile's product"
+    elif not _pooled_tile_fits(conv, pool):
+        problem = f"a tile's product (with the columns' planes and panels) would pass {LOCAL_MAX_BYTES >> 10} KB"
     else:
         return None
     return f"{problem}: the convolution's tiles cannot hold them whole"
 
 
-def _columns_tile_rows(op: Operation, pool: Operation | None) -> int:
-    """Output rows per tile of `conv2d_columns`: whole windows of a pool in its epilogue."""
-    rows = _tile_rows(*op.result.type.shape[2:])
+def _output_size(op: Operation) -> tuple:
+    """(rows, columns) of a convolution's output."""
+    return tuple(op.result.type.shape[a] for a in _spatial(op))
+
+
+def _pooled_tile_rows(op: Operation, pool: Operation | None) -> int:
+    """Output rows per tile of `conv2d_columns` or `conv2d_implicit`: whole windows of a pool in
+    the epilogue."""
+    rows = _tile_rows(*_output_size(op))
     window = 1 if pool is None else _window_attrs(pool)[0][0]
     return max(window, rows - rows % window)
+
+
+def _pooled_product(op: Operation, pool: Operation) -> tuple[int, int]:
+    """The shape of a tile's product with `pool` in the epilogue: (channels, positions) along the
+    rows (`conv2d_columns`), (positions, a group's channels) for an implicit GEMM."""
+    OC, _, _, _ = _conv_weight_dims(op)
+    positions = _pooled_tile_rows(op, pool) * _output_size(op)[1]
+    if op.attrs["layout"] == "nchw":
+        return OC, positions
+    return positions, OC // op.attrs["groups"]
+
+
+def _pooled_tile_fits(op: Operation, pool: Operation) -> bool:
+    if conv_algorithm(op) == "columns":
+        return _columns_fit(op, pool)
+    return math.prod(_pooled_product(op, pool)) * 4 <= LOCAL_MAX_BYTES
 
 
 def _columns_locals(op: Operation, width: int, pool: Operation | None) -> dict[str, tuple[int, ...]]:
     """The shapes of `conv2d_columns`'s local buffers: a tile's zero-padded input planes, its
     panels of col at the given panel width, and with a pool in the epilogue its product."""
     (sh, _), _, (dh, _), _ = _conv_attrs(op)
-    OC, C, KH, KW = _conv_weight_dims(op)
+    _, C, KH, KW = _conv_weight_dims(op)
     OW = op.result.type.shape[3]
-    tile_rows = _columns_tile_rows(op, pool)
+    tile_rows = _pooled_tile_rows(op, pool)
     in_rows, Wp = (tile_rows - 1) * sh + (KH - 1) * dh + 1, OW - 1 + KW
     shapes = {"planes": (C, in_rows * Wp), "col": (-(-(tile_rows * OW) // width), C * KH * KW, width)}
     if pool is not None:
-        shapes["product"] = (OC, tile_rows * OW)
+        shapes["product"] = _pooled_product(op, pool)
     return shapes
 
 
@@ -345,8 +373,8 @@ def conv2d_columns(lw, op):
     N, C = x.type.shape[:2]
     OC, _, KH, KW = _conv_weight_dims(op)
     OH, OW = op.result.type.shape[2:]
-    pool = next((u for u in lw.ops[lw.ops.index(op) + 1:] if u.name in POOLS_IN_TILES), None)
-    tile_rows = _columns_tile_rows(op, pool)
+    pool = _pool_in_epilogue(lw, op)
+    tile_rows = _pooled_tile_rows(op, pool)
     span_h, Wp = (KH - 1) * dh + 1, OW - 1 + KW
     width = panel_width(tile_rows * OW, lw.widest_panel)
     run = OW if width % OW == 0 else COLUMNS_RUN      # positions in one panel and one plane row
@@ -356,10 +384,10 @@ def conv2d_columns(lw, op):
         T = _raw_buffer(lw, op)
         _materialize(lw, op, T, 1)
         in_registers = _register_epilogue(lw, op, T)
-        epilogue = _gemm_epilogue(in_registers, 0)
     else:
         T = lw.local(DType.f32, shapes["product"])
-        epilogue, held = _pooled_epilogue(lw, op)
+        in_registers, held = _pooled_epilogue(lw, op)
+    epilogue = _gemm_epilogue(in_registers, 0)
     if epilogue.get("bias") is not None:        # a bias per output channel: per row of C
         epilogue["bias_rows"] = True
 
@@ -386,33 +414,47 @@ def conv2d_columns(lw, op):
             return
         lw.emit(Gemm(BufRef(T, 0), BufRef(lw.inputs[id(w)], 0), BufRef(col, 0),
                      OC, used, C * KH * KW, C * KH * KW, 0, tile_rows * OW, b_panels=width, **epilogue))
-
-        def at(idx):        # the product's index -> the tile's
-            return [idx[1], (sympy.sympify(idx[2]) - first) * OW + idx[3]]
-        if held:
-            for v in held:
-                lw.materialized[id(v)] = lambda idx: Load(T, at(idx))
-        else:
-            _materialize(lw, op, T, 1, at)
-        (wh, ww), _, _, _ = _window_attrs(pool)
-        _epilogue(lw, [(n, 1), (0, OC), (floor_div(first, wh, lw.known), floor_div(count, wh, lw.known)),
-                       (0, OW // ww)])
+        _pool_tile(lw, op, pool, T, held, lambda idx: [idx[1], (sympy.sympify(idx[2]) - first) * OW + idx[3]],
+                   n, (0, OC), first)
     _conv_tiles(lw, op, T, N, 1, OH, OW, body, tile_rows,
                 epilogue=pool is None and (in_registers is None or not in_registers.whole))
 
 
-def _pooled_epilogue(lw, op) -> tuple[dict, list]:
-    """For `conv2d_columns` with a pool in its group: the Gemm's epilogue fields (the bias, and a
-    relu that is the product's one reader, in registers) and the values the tile's product then
+def _pool_in_epilogue(lw, op) -> Operation | None:
+    """The pool the group of convolution `op` runs over its product (`pool_in_tiles_problem`)."""
+    return next((u for u in lw.ops[lw.ops.index(op) + 1:] if u.name in POOLS_IN_TILES), None)
+
+
+def _pool_tile(lw, op, pool, T, held, at, n, channels, first) -> None:
+    """The epilogue of a tile of output rows of convolution `op` (from row `first` of image n,
+    `channels` as (start, extent)) whose group pools its product, which is in the tile's local
+    buffer T at `at` of the product's index: the values T holds (`held`, else the product, the
+    bias added here) are read there, and the group's outputs stored over the tile's pooled rows."""
+    if held:
+        for v in held:
+            lw.materialized[id(v)] = lambda idx: Load(T, at(idx))
+    else:
+        _materialize(lw, op, T, 3 if op.attrs["layout"] == "nhwc" else 1, at)
+    (wh, ww), _, _, _ = _window_attrs(pool)
+    OH, OW = _output_size(op)
+    first = floor_div(first, wh, lw.known)         # whole windows: the tile's rows are a multiple of wh
+    rows = (first, tile_extent(_pooled_tile_rows(op, pool) // wh, floor_div(OH, wh, lw.known), first))
+    columns = (0, OW // ww)
+    _epilogue(lw, [(n, 1), rows, columns, channels] if op.attrs["layout"] == "nhwc" else
+              [(n, 1), channels, rows, columns])
+
+
+def _pooled_epilogue(lw, op) -> tuple[RegisterEpilogue | None, list]:
+    """For a convolution with a pool in its group: what the microkernel applies in registers (the
+    bias, and a relu that is the product's one reader) and the values the tile's product then
     holds; none where the bias is not a vector the kernel reads (the loops add it)."""
     fits, buf = _bias_vector(lw, op)
     if not fits:
-        return {}, []
+        return None, []
     readers = {id(u): u for u in op.result.uses}
     relu = next(iter(readers.values())) if len(readers) == 1 else None
     relu = relu if relu is not None and relu.name == "cuvil.relu" else None
-    fields = {"bias": None if buf is None else BufRef(buf, 0), "relu": relu is not None}
-    return fields, [op.result] + ([relu.result] if relu is not None else [])
+    return RegisterEpilogue(buf, relu is not None), [op.result] + ([relu.result] if relu is not None else [])
 
 
 def conv2d_direct(lw, op, idx):
@@ -846,31 +888,41 @@ def conv2d_implicit(lw, op):
     _require_f32(op)
     (sh, sw), (ph, pw), (dh, dw), groups = _conv_attrs(op)
     x, w = op.operands[:2]
-    T = _raw_buffer(lw, op)
-    _materialize(lw, op, T, 3)
+    pool = _pool_in_epilogue(lw, op)
+    if pool is None:
+        T = _raw_buffer(lw, op)
+        _materialize(lw, op, T, 3)
+    else:       # the tile's product, the call's own; first, so that the padded copy goes to scratch if need be
+        T = lw.local(DType.f32, _pooled_product(op, pool))
     N = x.type.shape[0]
     OC, C, KH, KW = _conv_weight_dims(op)
     _, OH, OW, _ = op.result.type.shape
     width = w.type.shape[-1]
     oc_g = OC // groups
     panels_g = -(-oc_g // width)
-    tile_rows = _tile_rows(OH, OW)
+    tile_rows = _pooled_tile_rows(op, pool)
     tiles = norm_dim(sympy.ceiling(sympy.sympify(OH) / tile_rows))
     span_h, span_w = (KH - 1) * dh + 1, (KW - 1) * dw + 1       # the window's extent in the input
     in_rows, Wp = (tile_rows - 1) * sh + span_h, norm_dim((sympy.sympify(OW) - 1) * sw + span_w)
     padded, slot = _per_item(lw, norm_dim(N * groups * tiles), norm_dim(in_rows * Wp * C))
     Wt = lw.inputs[id(w)]
-    in_registers = _register_epilogue(lw, op, T)
+    in_registers, held = (_register_epilogue(lw, op, T), []) if pool is None else _pooled_epilogue(lw, op)
     # one run per kernel row, or one per tap of a row dilated along the width
     runs = dict(k_run=KW * C) if dw == 1 else dict(k_run=C, k_row_runs=KW, k_run_step=dw * C)
 
     def body(q, n, g, first, count):
         _copy_padded(lw, x, padded, slot(q), n, g * C, C, first * sh - ph, (count - 1) * sh + span_h, pw, Wp)
-        lw.emit(Gemm(BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g), BufRef(padded, slot(q) * in_rows * Wp * C),
-                     BufRef(Wt, g * panels_g * KH * KW * C * width), count * OW, oc_g, KH * KW * C, sw * C, 0, OC,
-                     b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C, k_run_stride=dh * Wp * C, **runs,
-                     **_gemm_epilogue(in_registers, g * oc_g)))
-    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows, epilogue=in_registers is None or not in_registers.whole)
+        C_tile = BufRef(T, ((n * OH + first) * OW) * OC + g * oc_g) if pool is None else BufRef(T, 0)
+        lw.emit(Gemm(C_tile, BufRef(padded, slot(q) * in_rows * Wp * C),
+                     BufRef(Wt, g * panels_g * KH * KW * C * width), count * OW, oc_g, KH * KW * C, sw * C, 0,
+                     OC if pool is None else oc_g, b_panels=width, a_rows=OW, a_rows_stride=sh * Wp * C,
+                     k_run_stride=dh * Wp * C, **runs, **_gemm_epilogue(in_registers, g * oc_g)))
+        if pool is not None:
+            _pool_tile(lw, op, pool, T, held, lambda idx: [(sympy.sympify(idx[1]) - first) * OW + idx[2],
+                                                           sympy.sympify(idx[3]) - g * oc_g],
+                       n, (g * oc_g, oc_g), first)
+    _conv_tiles(lw, op, T, N, groups, OH, OW, body, tile_rows,
+                epilogue=pool is None and (in_registers is None or not in_registers.whole))
 
 
 def conv2d_depthwise(lw, op):

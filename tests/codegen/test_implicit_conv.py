@@ -16,6 +16,7 @@ from torch import nn
 import cuvil
 from cuvil.codegen.kernel_text import parse_kernels, print_kernels
 from cuvil.codegen.library import conv_algorithm
+from cuvil.ir import parse
 from cuvil.codegen.target import Target
 from cuvil.ir.ops.nn import TO_NCHW, TO_NHWC, WEIGHT_TO_HWIO, pack_conv_panels, panel_width, unpack_conv_panels
 
@@ -267,3 +268,49 @@ def test_a_chunked_panel_compiles_for_other_targets(monkeypatch, target):
     report = cuvil.explain(model, torch.randn(1, 16, 10, 10), target=target)
     conv = next(k for k in report.kernels if "k_run=" in k["kernel_ir"])
     assert "panel_gemm.16.chunked.bias.relu" in conv["llvm_ir"] and conv["asm"]
+
+
+class PooledBlocks(nn.Module):
+    """VGG's pattern in NHWC: convolution, batch norm, ReLU, a 2x2 max pool, then a grouped
+    convolution and a 3x3 average pool (both pools inside the NHWC region, so the layout pass adds
+    no conversion after them), a last convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
+        self.b = nn.Sequential(nn.Conv2d(32, 48, 3, padding=1, groups=2), nn.AvgPool2d(3))
+        self.c = nn.Conv2d(48, 32, 1)
+
+    def forward(self, x):
+        return self.c(torch.sigmoid(self.b(self.a(x))))
+
+
+def test_pools_run_in_the_implicit_gemms_epilogue_end_to_end():
+    torch.manual_seed(0)
+    model = PooledBlocks().eval()
+    compiled = cuvil.compile(model, dynamic=[{0: "batch"}], threads=2)
+    with torch.no_grad():
+        for x in (torch.randn(1, 16, 36, 30), torch.randn(3, 16, 36, 30)):    # 36 rows: a last tile of 4
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    groups = [g["summary"] for g in compiled.report.fusion["groups"]]
+    assert "conv2d + relu + max_pool2d" in groups and "conv2d + avg_pool2d + sigmoid" in groups, groups
+    convs = [op for op in parse(compiled.report.output_ir).main.ops if op.name == "cuvil.conv2d"]
+    assert [conv_algorithm(op) for op in convs][:2] == ["implicit", "implicit"]
+    # each pooled kernel keeps its tile's product on the call's stack and stores only the pooled result
+    pooled = [k for k in compiled.report.kernels if "pool" in k["name"] and "conv2d" in k["name"]]
+    assert len(pooled) == 2
+    for k in pooled:
+        (gemm,) = [line.strip() for line in k["kernel_ir"].splitlines() if line.strip().startswith("gemm")]
+        assert re.match(r"gemm c=%loc\d+\[0\]", gemm), gemm
+        assert not re.search(r"%y0: out f32\[batch, 36, 30,", k["kernel_ir"])
+
+
+def test_an_implicit_gemm_with_a_symbolic_width_does_not_pool_and_says_why():
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 32, 1)).eval()
+    x = torch.randn(2, 16, 12, 16)
+    compiled = cuvil.compile(model, dynamic=[{3: "width"}], ranges={"width": (4, 64)})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    refused = [r for r in compiled.report.fusion["refused"] if r["candidate_name"] == "cuvil.relu"]
+    assert [r["rule"] for r in refused] == ["gemm-epilogue"]
+    assert "the output's rows have no static width" in refused[0]["reason"], refused
