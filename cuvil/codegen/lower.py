@@ -298,13 +298,21 @@ def permuted(shape, perm: tuple | None) -> list:
 @dataclass(frozen=True)
 class Windowed:
     """The frame of values a GEMM-based op's epilogue computes per window of a pool over its
-    product, which its tiles hold whole (`library.pool_in_tiles_problem`): indexed as the pool's result."""
+    product, which its tiles hold whole (`library.pool_in_tiles_problem`): indexed as the pool's
+    result (`shape`), permuted by `perm` behind a permute of it (the layout pass's conversion
+    back to NCHW at the end of an NHWC region), stored so (`store_perm`)."""
     shape: tuple
+    perm: tuple | None = None
 
 
 def frame_shape(shape, frame) -> list:
     """The shape of the values of frame `frame` after a product of shape `shape`."""
-    return list(frame.shape) if isinstance(frame, Windowed) else permuted(shape, frame)
+    return permuted(frame.shape, frame.perm) if isinstance(frame, Windowed) else permuted(shape, frame)
+
+
+def frame_perm(frame) -> tuple | None:
+    """The permutation an output of frame `frame` is stored at, from the index its epilogue walks."""
+    return frame.perm if isinstance(frame, Windowed) else frame
 
 
 def epilogue_frames(root: Operation, members: set[int]) -> dict[int, tuple | None] | Refusal:
@@ -329,6 +337,8 @@ def epilogue_frames(root: Operation, members: set[int]) -> dict[int, tuple | Non
                 new = tuple(u.attrs["perm"])
             elif op_kind(u) == "elementwise" and _same_shape(u.results[0].type.shape, frame_shape(shape, frame)):
                 new = frame
+            elif u.name == "cuvil.permute" and isinstance(frame, Windowed) and frame.perm is None:
+                new = Windowed(frame.shape, tuple(u.attrs["perm"]))
             elif frame is None and u.name in WINDOW_OPS and u.name != "cuvil.conv2d":
                 problem = pool_in_tiles_problem(root, u)
                 if problem is not None:
@@ -665,7 +675,8 @@ class GroupLowering:
         # outputs a GEMM's epilogue stores at its product's index permuted (`epilogue_frames`)
         root = next((op for op in self.ops if op_kind(op) == "library"), None)
         frames = epilogue_frames(root, self.members) if root is not None else {}
-        self.store_perm: dict[int, tuple] = {i: frames[i] for i in self.outputs if isinstance(frames.get(i), tuple)}
+        self.store_perm: dict[int, tuple] = {i: frame_perm(frames[i]) for i in self.outputs
+                                             if frame_perm(frames.get(i))}
 
     # -- buffers
     def _collect_buffers(self) -> None:

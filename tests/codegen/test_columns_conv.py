@@ -236,9 +236,6 @@ def _stem(pool):
     # a depthwise convolution (NHWC) computes no GEMM over tiles of rows
     (nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3)),
      "only a convolution computed over tiles of its output rows"),
-    # an implicit GEMM (NHWC) whose pool ends the NHWC region: the conversion back to NCHW after
-    # the pool is a permute, which a pooled epilogue does not store
-    (nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)), "cuvil.permute reads the result"),
 ])
 def test_pools_a_convolution_cannot_take_stay_out_and_say_why(model, reason):
     model = model.eval()

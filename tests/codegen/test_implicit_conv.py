@@ -299,10 +299,11 @@ def test_pools_run_in_the_implicit_gemms_epilogue_end_to_end():
     # each pooled kernel keeps its tile's product on the call's stack and stores only the pooled result
     pooled = [k for k in compiled.report.kernels if "pool" in k["name"] and "conv2d" in k["name"]]
     assert len(pooled) == 2
-    for k in pooled:
+    for k, pooled_shape in zip(pooled, ("18, 15, 32", "6, 5, 48")):     # NHWC
         (gemm,) = [line.strip() for line in k["kernel_ir"].splitlines() if line.strip().startswith("gemm")]
         assert re.match(r"gemm c=%loc\d+\[0\]", gemm), gemm
-        assert not re.search(r"%y0: out f32\[batch, 36, 30,", k["kernel_ir"])
+        (out,) = re.findall(r"%y\d+: out f32\[([^\]]*)\]", k["kernel_ir"])
+        assert out == f"s0, {pooled_shape}", out
 
 
 def test_an_implicit_gemm_with_a_symbolic_width_does_not_pool_and_says_why():
@@ -314,3 +315,15 @@ def test_an_implicit_gemm_with_a_symbolic_width_does_not_pool_and_says_why():
     refused = [r for r in compiled.report.fusion["refused"] if r["candidate_name"] == "cuvil.relu"]
     assert [r["rule"] for r in refused] == ["gemm-epilogue"]
     assert "the output's rows have no static width" in refused[0]["reason"], refused
+
+
+def test_a_pool_ending_the_nhwc_region_stores_its_result_nchw_from_the_epilogue():
+    # the layout pass converts the pool's result back to NCHW: a permute, stored by the pooled epilogue
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)).eval()
+    compiled = cuvil.compile(model, dynamic=[{0: "batch"}], threads=2)
+    with torch.no_grad():
+        for x in (torch.randn(1, 3, 16, 32), torch.randn(3, 3, 16, 32)):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert [g["summary"] for g in compiled.report.fusion["groups"]] == ["conv2d + relu + max_pool2d + permute"]
+    (kernel,) = compiled.report.kernels
+    assert re.search(r"%y0: out f32\[s0, 32, 8, 16\]", kernel["kernel_ir"]), kernel["kernel_ir"][:300]
