@@ -1,7 +1,7 @@
 """On-disk cache of compiled objects, per LLVM module and per model.
 
 Each LLVM module (one per distinct kernel, and one for the GEMM loop nests several kernels share,
-`jit.build_units`) is an entry of its own, keyed on its text: a model that shares kernels with one
+`jit.iter_units`) is an entry of its own, keyed on its text: a model that shares kernels with one
 compiled before (the same layer at the same sizes, the same shared GEMM routine) compiles only the
 modules that are new. A model's entry is an index of its modules' keys, keyed on its kernels'
 identities (`jit.kernel_identity`: canonical text plus which nodes share a graph op), so a model

@@ -18,6 +18,7 @@ import re
 import threading
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
@@ -27,9 +28,10 @@ from ..errors import CuvilError
 from .cache import CacheEntry, ObjectCache, cache_key, unit_key
 from .kernel_ir import Kernel, verify_kernel
 from .kernel_text import LineMap, print_kernel
-from . import llvm_compile, workers
-from .llvm_emit import GEMM_SYMBOL, ModuleBuilder, SharedHelpers
-from .target import Target, init_llvm
+from . import llvm_compile
+from .compile_tasks import CompileTasks
+from .llvm_emit import GEMM_SYMBOL, ModuleBuilder, SharedHelpers, helper_names
+from .target import Target
 
 _llvm_lock = threading.RLock()     # LLVM's global state (targets, the LLJIT) is not thread-safe
 _jit = None
@@ -341,112 +343,52 @@ def compile_function(fn, groups=None, target: Target | None = None, cache: Objec
 
 
 def build_units(kernels, symbols: dict[str, str], target: Target, lines: dict[str, LineMap]) -> list[str]:
-    """Kernel IR -> textual LLVM modules that link into one program: one module per distinct
-    kernel, and one for the GEMM loop nests several of them call (`SharedHelpers`)."""
-    helpers = SharedHelpers(target)
-    builders, done = [], set()
+    """Kernel IR -> textual LLVM modules that link into one program (`iter_units`)."""
+    return list(iter_units(kernels, symbols, target, lines))
+
+
+def iter_units(kernels, symbols: dict[str, str], target: Target, lines: dict[str, LineMap]):
+    """The textual LLVM modules of `build_units`, each as soon as it is written: one module per
+    distinct kernel, then one for the GEMM loop nests several of them call (`SharedHelpers`)."""
+    distinct: dict[str, Kernel] = {}        # symbol -> the first kernel of that structure
     for k in kernels:
-        sym = symbols[k.name]
-        if sym not in done:
-            done.add(sym)
-            mb = ModuleBuilder(sym, target=target, helpers=helpers)
-            mb.add_kernel(k, sym, lines.get(k.name))
-            builders.append(mb)
+        distinct.setdefault(symbols[k.name], k)
+    users = Counter(name for k in distinct.values() for name in helper_names(k))
+    helpers = SharedHelpers(target, {name for name, n in users.items() if n > 1})
+    for sym, k in distinct.items():
+        mb = ModuleBuilder(sym, target=target, helpers=helpers)
+        mb.add_kernel(k, sym, lines.get(k.name))
+        helpers.define_own()
+        yield str(mb.module)
     shared = helpers.place()
-    return [str(mb.module) for mb in builders + ([shared] if shared else [])]
-
-
-# Below this many lines of unoptimised LLVM IR (about 30 ms of LLVM here) a model is compiled in
-# one piece: a second process would save less than sending the modules costs.
-PARALLEL_MIN_LINES = 800
-# Modules go to the processes in tasks of at least this many lines: LLVM spends ~2 ms on any
-# module however small (pass set-up, code generation's start), so small kernels travel together.
-TASK_MIN_LINES = 300
-
-
-def tasks(units: list[str]) -> list[list[str]]:
-    """The modules as compile tasks, the largest first (so the last to be taken are short; LLVM's
-    time only roughly follows the lines of IR, and taking tasks as processes free up evens it out)."""
-    out: list[list[str]] = []
-    size = 0
-    for unit in sorted(units, key=lambda u: -u.count("\n")):
-        if not out or size >= TASK_MIN_LINES:
-            out.append([])
-            size = 0
-        out[-1].append(unit)
-        size += unit.count("\n")
-    return out
+    if shared:
+        yield str(shared.module)
 
 
 def _compile_objects(kernels, symbols, lines, target: Target, opt_level: int, timings: dict,
                      cache: ObjectCache | None) -> CacheEntry:
-    """LLVM over the modules of the kernels that the object cache does not have already: in this
-    process, and, when they are big enough to gain from it, in the compile workers that are
-    ready, each process taking the next task as it frees up. One object per module."""
+    """One object per module: from the object cache where it has the module, else compiled by
+    LLVM, each module handed to `CompileTasks` as soon as it is written (compile workers take
+    them while this process writes the rest)."""
     t = time.perf_counter()
-    units = build_units(kernels, symbols, target, lines)
-    keys = [unit_key(u, target, opt_level) for u in units]
-    done = dict(zip(units, map(cache.load_unit, keys))) if cache is not None else {}
-    todo = [u for u in units if done.get(u) is None]
+    units, keys, found = [], [], {}
+    with CompileTasks(target, opt_level, len(set(symbols.values())), _llvm_lock) as compiles:
+        for unit in iter_units(kernels, symbols, target, lines):
+            key = unit_key(unit, target, opt_level)
+            units.append(unit)
+            keys.append(key)
+            cached = cache.load_unit(key) if cache is not None else None
+            if cached is None:
+                compiles.add(unit)
+            else:
+                found[unit] = cached
+        timings["llvm_ir"] = time.perf_counter() - t
+        compiled = compiles.finish(timings) if len(found) < len(units) else {}
     if cache is not None:
-        cache.units_reused += len(units) - len(todo)
-    timings["llvm_ir"] = time.perf_counter() - t
-    if todo:
-        done.update(_compile_units(todo, target, opt_level, timings))
-        if cache is not None:
-            _store_units(cache, {k: done[u] for u, k in zip(units, keys) if u in todo})
+        cache.units_reused += len(found)
+        _store_units(cache, {k: compiled[u] for u, k in zip(units, keys) if u in compiled})
+    done = {**found, **compiled}
     return CacheEntry([done[u][0] for u in units], [done[u][1] for u in units], keys)
-
-
-def _compile_units(units: list[str], target: Target, opt_level: int, timings: dict) -> dict[str, tuple[bytes, str]]:
-    """Module text -> (object, optimised text)."""
-    pool = workers.pool()
-    helpers = pool.borrow(len(units) - 1) if sum(u.count("\n") for u in units) >= PARALLEL_MIN_LINES else []
-    todo = tasks(units) if helpers else [units]
-    request = {"triple": target.triple, "cpu": target.cpu, "features": target.features, "abiname": target.abiname,
-               "opt": opt_level}
-    answers: list = [None] * len(todo)
-    taken = itertools.count()
-    own = {"parse": 0.0, "optimize": 0.0, "codegen": 0.0}
-
-    def take(compile_task) -> None:
-        while (i := next(taken)) < len(todo):
-            answers[i] = compile_task({**request, "texts": todo[i]})
-
-    def remote(worker) -> None:
-        try:
-            take(worker.compile)
-        except CuvilError as e:
-            answers.append(e)
-
-    def local(task: dict) -> dict:
-        answer = llvm_compile.compile_texts(**task)
-        for phase, seconds in answer["timings"].items():
-            own[phase] += seconds
-        return answer
-
-    threads = [threading.Thread(target=remote, args=(w,), daemon=True) for w in helpers]
-    for th in threads:
-        th.start()
-    try:
-        with _llvm_lock:
-            init_llvm(all_targets=target.arch != Target.host().arch)
-            take(local)
-    except RuntimeError as e:
-        raise CuvilError(f"LLVM could not compile the kernels: {e}") from None
-    finally:
-        t = time.perf_counter()
-        for th in threads:
-            th.join()
-        pool.give_back(helpers)
-    timings["llvm_ir"] += own["parse"]
-    timings["optimize"], timings["codegen"] = own["optimize"], own["codegen"]
-    if helpers:
-        timings["workers"] = time.perf_counter() - t    # waiting for the workers' last tasks after this one's
-    failed = next((a for a in answers if isinstance(a, CuvilError)), None)
-    if failed is not None:
-        raise failed
-    return {u: (obj, ir) for task, a in zip(todo, answers) for u, obj, ir in zip(task, a["objects"], a["ir"])}
 
 
 def _store_units(cache: ObjectCache, units: dict[str, tuple[bytes, str]]) -> None:

@@ -1,5 +1,5 @@
 """Kernel IR -> LLVM IR (llvmlite.ir): a module of kernels (`ModuleBuilder`), or one module per kernel
-(`jit.build_units`, with `SharedHelpers` placing the GEMM loop nests they call).
+(`jit.iter_units`, with `SharedHelpers` placing the GEMM loop nests they call).
 
 Each kernel becomes two functions:
 
@@ -145,7 +145,7 @@ class ModuleBuilder:
         """`void (i64 m, i64 n, i64 k, float alpha, ptr A, i64 lda, ptr B, i64 ldb, float beta, ptr C,
         i64 ldc)`: C = alpha * A @ op(B) (+ beta * C when `beta`), row-major, A not transposed.
         LLVM vectorises the inner loops at O3."""
-        return self._helper(f"cuvil.small_gemm.{'nt' if trans_b else 'nn'}{'.beta' if beta else ''}",
+        return self._helper(small_gemm_name(trans_b, beta),
                             ir.FunctionType(ir.VoidType(), [I64] * 3 + [F32, PTR, I64, PTR, I64, F32, PTR, I64]),
                             lambda fn, _: (_emit_small_gemm_nt if trans_b else _emit_small_gemm_nn)(fn, beta))
 
@@ -181,15 +181,16 @@ class ModuleBuilder:
 
 
 class SharedHelpers:
-    """The GEMM loop nests of kernels built one module each (`jit.build_units`): a helper one
-    module calls is defined in it (internal, so LLVM may inline it); one that several call is
-    defined once, in a module of its own that they link against (LLVM would not inline a body that
-    large into several callers either). A helper is defined with what all its calls need
-    (`need`): the panel GEMM only with the row blocks of its callers' m, and prefetching where one
-    of them streams its panels (`PanelNeeds`)."""
+    """The GEMM loop nests of kernels built one module each (`jit.iter_units`): a helper one
+    module calls is defined in it (internal, so LLVM may inline it); one that several call
+    (`shared`, known before any module is written: `helper_names`) is defined once, in a module of
+    its own that they link against (LLVM would not inline a body that large into several callers
+    either). A helper is defined with what all its calls need (`need`): the panel GEMM only with
+    the row blocks of its callers' m, and prefetching where one of them streams its panels
+    (`PanelNeeds`)."""
 
-    def __init__(self, target: Target):
-        self.target = target
+    def __init__(self, target: Target, shared: set[str] = frozenset()):
+        self.target, self.shared = target, shared
         self.uses: dict[str, list[tuple[ir.Function, Callable]]] = {}
         self.needs: dict[str, PanelNeeds] = {}
 
@@ -200,21 +201,58 @@ class SharedHelpers:
         """One call of helper `name` needs `what`."""
         self.needs[name] = self.needs[name] | what if name in self.needs else what
 
+    def define_own(self) -> None:
+        """Define, where they were declared, the helpers declared so far that are not shared: a
+        module is complete once its kernel is emitted and this has run."""
+        for name in [n for n in self.uses if n not in self.shared]:
+            for fn, define in self.uses.pop(name):
+                fn.linkage = "internal"
+                define(fn, self.needs.pop(name, None))
+
     def place(self) -> "ModuleBuilder | None":
-        """Define every helper; returns the module of the shared ones (None when there are none)."""
+        """Define the shared helpers; returns their module (None when there are none)."""
+        self.define_own()
         shared = None
         for name, uses in self.uses.items():
-            if len(uses) == 1:
-                fn, define = uses[0]
-                fn.linkage = "internal"
-                define(fn, self.needs.get(name))
-                continue
             shared = shared or ModuleBuilder("cuvil.shared", debug=False, target=self.target)
             fn = ir.Function(shared.module, uses[0][0].ftype, name=name)
             fn.attributes.add("nounwind")
             fn.attributes.add("noinline")   # the same code whichever callers share its object
             uses[0][1](fn, self.needs.get(name))
         return shared
+
+
+def helper_names(kernel: Kernel) -> set[str]:
+    """The GEMM loop nests `kernel`'s code will call (`KernelEmitter.gemm`)."""
+    out = set()
+
+    def walk(stmts):
+        for s in stmts:
+            if isinstance(s, Loop):
+                walk(s.body)
+            elif isinstance(s, Gemm):
+                if s.b_panels:
+                    out.add(panel_gemm_name(s.b_panels, s.bias is not None, s.relu, panel_chunked(s), s.bias_rows))
+                elif not blas_only(s):
+                    out.add(small_gemm_name(s.trans_b, s.beta != 0.0))
+    walk(kernel.body)
+    return out
+
+
+def small_gemm_name(trans_b: bool, beta: bool) -> str:
+    return f"cuvil.small_gemm.{'nt' if trans_b else 'nn'}{'.beta' if beta else ''}"
+
+
+def panel_chunked(s: Gemm) -> bool:
+    """Whether a panel GEMM walks k in chunks (`panel_gemm.chunks_k`): a convolution's, over runs."""
+    return s.a_rows is not None and chunks_k(norm_dim(s.k), norm_dim(s.k_run), s.b_panels)
+
+
+def blas_only(s: Gemm) -> bool:
+    """Whether a GEMM without panels always goes to OpenBLAS: A transposed, or more rows than
+    Cuvil's small GEMM takes."""
+    m = sympy.sympify(s.m)
+    return s.trans_a or (m.is_Integer and m > SMALL_GEMM_MAX_ROWS)
 
 
 class KernelEmitter:
@@ -641,13 +679,12 @@ class KernelEmitter:
                 [self.index(s.m), one, b.select(b.icmp_signed(">", k, one), k, one), one, one,   # plain: one run
                  ir.Constant(I64, 0)]
             bias = self._ref_ptr(s.bias) if s.bias is not None else ir.Constant(ir.PointerType(), None)
-            chunked = s.a_rows is not None and chunks_k(norm_dim(s.k), norm_dim(s.k_run), s.b_panels)
-            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m, norm_dim(s.k), chunked,
-                                               s.bias_rows),
+            b.call(self.mb.panel_gemm_function(s.b_panels, s.bias is not None, s.relu, m, norm_dim(s.k),
+                                               panel_chunked(s), s.bias_rows),
                    [self._ref_ptr(s.c), self._ref_ptr(s.a), self._ref_ptr(s.b), self.index(s.m),
                     self.index(s.n), k, self.index(s.lda), self.index(s.ldc), *window, bias])
             return
-        if s.trans_a or (m.is_Integer and m > SMALL_GEMM_MAX_ROWS):
+        if blas_only(s):
             self._sgemm(s)
         elif m.is_Integer:
             self._small_gemm(s)

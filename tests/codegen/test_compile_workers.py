@@ -1,12 +1,13 @@
 """Compile workers: LLVM over a share of a model's kernels in other processes (codegen/workers.py)."""
 import re
+import time
 
 import pytest
 import torch
 
 import cuvil
 from cuvil import zoo
-from cuvil.codegen import jit, llvm_compile, workers
+from cuvil.codegen import compile_tasks, jit, llvm_compile, workers
 from cuvil.codegen.target import Target
 from cuvil.errors import CuvilError
 
@@ -87,11 +88,37 @@ def test_small_models_stay_in_one_process(pool):
     assert pool.idle                 # the worker went back unused
 
 
-def test_tasks_go_largest_first_and_small_modules_travel_together():
-    units = [f"; {n}\n" * n for n in (50, 900, 120, 400, 60, 200)]
-    got = [[u.count("\n") for u in task] for task in jit.tasks(units)]
-    assert got == [[900], [400], [200, 120], [60, 50]]
-    assert sorted(u for task in jit.tasks(units) for u in task) == sorted(units)
+def test_tasks_form_as_modules_come_and_small_ones_travel_together():
+    """A module of TASK_MIN_LINES lines or more is a task at once; smaller ones gather until they
+    reach that size. Every module comes back compiled (comment-only modules are empty ones)."""
+    units = [f"; {n}\n" * n for n in (50, 900, 120, 400, 60, 200, 10)]
+    with compile_tasks.CompileTasks(Target.host(), 3, 0, jit._llvm_lock) as compiles:
+        formed = []
+        for u in units:
+            compiles.add(u)
+            formed.append([[t.count("\n") for t in task] for task in compiles.tasks])
+        compiled = compiles.finish(timings := {})
+    assert formed[:2] == [[], [[900]]]
+    assert formed[-1] == [[900], [400], [50, 120, 60, 200]]
+    assert [[t.count("\n") for t in task] for task in compiles.tasks] == [[900], [400], [50, 120, 60, 200], [10]]
+    assert sorted(compiled) == sorted(units) and all(obj[:4] == b"\x7fELF" for obj, _ in compiled.values())
+    assert "workers" not in timings and timings["optimize"] > 0
+
+
+def test_a_worker_compiles_modules_while_the_rest_are_still_being_written(pool):
+    """Once the modules pass PARALLEL_MIN_LINES, the worker takes each task as it is formed: here it
+    compiles the first before the second module exists."""
+    first, second = "; a\n" * compile_tasks.PARALLEL_MIN_LINES, "; b\n" * compile_tasks.TASK_MIN_LINES
+    with compile_tasks.CompileTasks(Target.host(), 3, 1, jit._llvm_lock) as compiles:
+        compiles.add(first)
+        deadline = time.monotonic() + 30
+        while 0 not in compiles.answers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 0 in compiles.answers         # the worker answered the first task
+        compiles.add(second)
+        compiled = compiles.finish(timings := {})
+    assert sorted(compiled) == sorted([first, second]) and "workers" in timings
+    assert pool.idle                            # the worker went back
 
 
 def test_an_llvm_error_in_a_worker_is_a_cuvil_error(pool):
