@@ -36,6 +36,10 @@ class Engine:
         """Compile `model` for `inputs`: a no-argument runner and a breakdown of the compile time."""
         raise NotImplementedError
 
+    def compiled_parts(self) -> dict:
+        """After the first call: more of the compile's breakdown, where the engine reports it."""
+        return {}
+
     def leaves(self, out) -> list[np.ndarray]:
         """The output tensors in the model's pytree order (what ONNX export also follows)."""
         return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -141,7 +145,15 @@ class Cuvil(Engine):
     def build(self, model, inputs, dynamic):
         t0 = time.perf_counter()
         compiled = self.compile(model, dynamic=dynamic, threads=self.threads)
+        self.compiled = compiled
         return (lambda: compiled(*inputs)), {"compile_call_s": time.perf_counter() - t0}
+
+    def compiled_parts(self) -> dict:
+        """The compile's phases (`report.phases`: torch.export's import, the passes, LLVM, ...),
+        in seconds; the background write of the compiled-model cache is left out."""
+        report = getattr(self.compiled, "report", None)
+        phases = report.phases if report is not None else []
+        return {"phases": {p["name"]: round(p["time_s"], 4) for p in phases if not p.get("background")}}
 
 
 ENGINES: dict[str, type[Engine]] = {e.name: e for e in (Eager, Inductor, OnnxRuntime, Cuvil)}

@@ -64,6 +64,7 @@ class Worker:
             t2 = time.perf_counter()
             timed_calls(runner, warmup_s, min_calls)
         self.runner = runner
+        parts.update(self.engine.compiled_parts())
         return {"compile_s": t2 - t0, "parts": {**parts, "build_s": t1 - t0, "first_call_s": t2 - t1},
                 "outputs": self.engine.leaves(out)}
 

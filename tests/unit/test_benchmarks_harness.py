@@ -216,3 +216,20 @@ def test_floors_count_the_products_and_set_them_against_eager():
     assert mlp == {"case": "mlp_b64", "product_mflop": round(mlp_b64 / 1e6, 1), "floor_ms": round(floor_ms, 3),
                    "eager_ms": 5.0, "floor_vs_eager": round(floor_ms / 5.0, 3)}
     assert "floor_vs_eager" not in cnx          # no eager time for it in those results
+
+
+def test_cuvil_cells_carry_the_compile_phases(tmp_path, monkeypatch):
+    """Cuvil's cold compile in a suite run keeps its breakdown: the phases in the JSON (each timed
+    inside the compile, so together at most its time) and, in the Markdown table, torch.export,
+    the IR and LLVM in brackets."""
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))     # cold: nothing compiled before
+    settings = Settings.for_run(["eltwise_4k"], ["eager", "cuvil"], [1], quick=True, serve_case="eltwise_4k")
+    results = run_suite(settings, tmp_path, start_worker=InProcessWorker, log=lambda line: None)
+    cell = results["cases"][0]["threads"]["1"]["engines"]["cuvil"]
+    phases = cell["parts"]["phases"]
+    assert phases["import"] > 0 and phases["llvm_ir"] > 0 and phases["optimize"] > 0
+    assert sum(phases.values()) <= cell["compile_s"]
+    rows = [line for line in render_markdown(results).splitlines() if line.startswith("| eltwise_4k |")]
+    compile_row = rows[-1]
+    assert compile_row.endswith(") |") and "(export " in compile_row and ", IR " in compile_row \
+        and ", LLVM " in compile_row
